@@ -1,0 +1,198 @@
+"""protobuf <-> domain model, at the edge between the NRI stub and the host.
+
+Everything a policy sees passes through here once; nothing else in the host
+or the policies imports :mod:`nri_framework.pb`.
+"""
+
+from __future__ import annotations
+
+from nri_framework.model import (
+    Adjustment,
+    Container,
+    ContainerState,
+    CpuResources,
+    CreateResult,
+    MemoryResources,
+    Pod,
+    Resources,
+    RuntimeInfo,
+    Update,
+)
+from nri_framework.pb import nri_pb2 as pb
+
+_CPU_OPT = ("shares", "quota", "period", "realtime_runtime", "realtime_period")
+_MEM_OPT = (
+    "limit",
+    "reservation",
+    "swap",
+    "kernel",
+    "kernel_tcp",
+    "swappiness",
+    "disable_oom_killer",
+    "use_hierarchy",
+)
+
+
+def _opt(msg: object, name: str) -> int | bool | None:
+    return getattr(msg, name).value if msg.HasField(name) else None  # type: ignore[attr-defined]
+
+
+def resources_from_pb(r: pb.LinuxResources) -> Resources:
+    cpu = None
+    if r.HasField("cpu"):
+        c = r.cpu
+        cpu = CpuResources(
+            shares=_opt(c, "shares"),  # type: ignore[arg-type]
+            quota=_opt(c, "quota"),  # type: ignore[arg-type]
+            period=_opt(c, "period"),  # type: ignore[arg-type]
+            realtime_runtime=_opt(c, "realtime_runtime"),  # type: ignore[arg-type]
+            realtime_period=_opt(c, "realtime_period"),  # type: ignore[arg-type]
+            cpus=c.cpus,
+            mems=c.mems,
+        )
+    memory = None
+    if r.HasField("memory"):
+        m = r.memory
+        memory = MemoryResources(**{n: _opt(m, n) for n in _MEM_OPT})  # type: ignore[arg-type]
+    return Resources(
+        cpu=cpu,
+        memory=memory,
+        blockio_class=r.blockio_class.value if r.HasField("blockio_class") else None,
+        rdt_class=r.rdt_class.value if r.HasField("rdt_class") else None,
+        unified=dict(r.unified),
+        pids_limit=r.pids.limit if r.HasField("pids") else None,
+    )
+
+
+def resources_to_pb(res: Resources, out: pb.LinuxResources) -> None:
+    """Fill ``out`` with the fields of ``res`` that are set."""
+    if res.cpu is not None:
+        c = res.cpu
+        oc = out.cpu
+        for name in _CPU_OPT:
+            v = getattr(c, name)
+            if v is not None:
+                getattr(oc, name).value = v
+        if c.cpus:
+            oc.cpus = c.cpus
+        if c.mems:
+            oc.mems = c.mems
+        if not oc.ListFields():
+            out.ClearField("cpu")
+    if res.memory is not None:
+        for name in _MEM_OPT:
+            v = getattr(res.memory, name)
+            if v is not None:
+                getattr(out.memory, name).value = v
+    if res.blockio_class is not None:
+        out.blockio_class.value = res.blockio_class
+    if res.rdt_class is not None:
+        out.rdt_class.value = res.rdt_class
+    for k, v in res.unified.items():
+        out.unified[k] = v
+    if res.pids_limit is not None:
+        out.pids.limit = res.pids_limit
+
+
+def pod_from_pb(p: pb.PodSandbox) -> Pod:
+    linux = p.linux
+    has_linux = p.HasField("linux")
+    return Pod(
+        id=p.id,
+        name=p.name,
+        uid=p.uid,
+        namespace=p.namespace,
+        labels=dict(p.labels),
+        annotations=dict(p.annotations),
+        runtime_handler=p.runtime_handler,
+        cgroup_parent=linux.cgroup_parent,
+        cgroups_path=linux.cgroups_path,
+        pod_overhead=resources_from_pb(linux.pod_overhead)
+        if has_linux and linux.HasField("pod_overhead")
+        else None,
+        pod_resources=resources_from_pb(linux.pod_resources)
+        if has_linux and linux.HasField("pod_resources")
+        else None,
+        resources=resources_from_pb(linux.resources)
+        if has_linux and linux.HasField("resources")
+        else None,
+        pid=p.pid,
+        ips=list(p.ips),
+    )
+
+
+def container_from_pb(c: pb.Container) -> Container:
+    linux = c.linux
+    has_res = c.HasField("linux") and linux.HasField("resources")
+    try:
+        state = ContainerState(c.state)
+    except ValueError:
+        state = ContainerState.UNKNOWN
+    return Container(
+        id=c.id,
+        pod_sandbox_id=c.pod_sandbox_id,
+        name=c.name,
+        state=state,
+        labels=dict(c.labels),
+        annotations=dict(c.annotations),
+        args=list(c.args),
+        env=list(c.env),
+        resources=resources_from_pb(linux.resources) if has_res else None,
+        cgroups_path=linux.cgroups_path,
+        pid=c.pid,
+    )
+
+
+def update_to_pb(u: Update, out: pb.ContainerUpdate) -> None:
+    out.container_id = u.container_id
+    resources_to_pb(u.resources, out.linux.resources)
+    if u.ignore_failure:
+        out.ignore_failure = True
+
+
+def update_from_pb(u: pb.ContainerUpdate) -> Update:
+    return Update(
+        container_id=u.container_id,
+        resources=resources_from_pb(u.linux.resources),
+        ignore_failure=u.ignore_failure,
+    )
+
+
+def adjustment_to_pb(a: Adjustment, out: pb.ContainerAdjustment) -> None:
+    for k, v in a.annotations.items():
+        out.annotations[k] = v
+    for k, v in a.env.items():
+        out.env.add(key=k, value=v)
+    if a.resources is not None:
+        resources_to_pb(a.resources, out.linux.resources)
+
+
+def adjustment_from_pb(a: pb.ContainerAdjustment) -> Adjustment:
+    return Adjustment(
+        annotations=dict(a.annotations),
+        env={kv.key: kv.value for kv in a.env},
+        resources=resources_from_pb(a.linux.resources)
+        if a.HasField("linux") and a.linux.HasField("resources")
+        else None,
+    )
+
+
+def create_result_to_pb(r: CreateResult) -> pb.CreateContainerResponse:
+    resp = pb.CreateContainerResponse()
+    if r.adjustment is not None:
+        adjustment_to_pb(r.adjustment, resp.adjust)
+    for u in r.updates:
+        update_to_pb(u, resp.update.add())
+    for e in r.evictions:
+        resp.evict.add(container_id=e.container_id, reason=e.reason)
+    return resp
+
+
+def runtime_from_pb(req: pb.ConfigureRequest) -> RuntimeInfo:
+    return RuntimeInfo(
+        name=req.runtime_name,
+        version=req.runtime_version,
+        nri_version=req.NRI_version,
+        registration_timeout_ms=req.registration_timeout,
+        request_timeout_ms=req.request_timeout,
+    )

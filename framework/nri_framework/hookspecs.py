@@ -1,0 +1,214 @@
+"""The whole contract between the host and a policy.
+
+A policy is a module (or object) with functions marked ``@hookimpl`` whose
+names are the hooks below. It is found through the entry-point group
+``nri_resource_policy.policies``; ``nri-resource-policy run --policy NAME``
+loads the entry point ``NAME`` and registers it with the host's
+:class:`pluggy.PluginManager`.
+
+Rules that hold for every hook:
+
+* Hooks are synchronous and run on the NRI event loop, one at a time: a hook
+  is never re-entered while another runs, so a policy needs no locks. They
+  must be quick: the runtime waits for the answer (2 s at most, then it drops
+  the plugin). No Kubernetes or sysfs I/O belongs here.
+* Arguments are :mod:`nri_framework.model` Structs, never protobuf. The host
+  owns them; a policy must not keep references to ``pod``/``container``
+  beyond the call and must not mutate them.
+* An exception raised by a decision hook becomes an error status on the NRI
+  request. For CreateContainer this fails the container's creation with the
+  exception's text, which the runtime reports to the kubelet; raise
+  :class:`PolicyError` with a message an operator can act on.
+* The subscription to runtime events is derived from which ``nri_*`` hooks
+  any registered plugin implements (see :data:`EVENT_HOOKS`), capped by what
+  the runtime's NRI version accepts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from nri_framework.model import Event
+
+if TYPE_CHECKING:
+    from nri_framework.host import PolicyHost
+    from nri_framework.model import (
+        Container,
+        CreateResult,
+        Pod,
+        Resources,
+        RuntimeInfo,
+        Update,
+    )
+
+PROJECT = "nri_resource_policy"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class PolicyError(Exception):
+    """A decision the policy cannot make; its text goes back to the runtime."""
+
+
+# --- lifecycle of the policy ------------------------------------------------
+
+
+@hookspec
+def policy_start(host: PolicyHost) -> None:
+    """Called once, after registration with the host and before any NRI traffic.
+
+    :param host: the host's services for this policy: command-line options
+        (``host.options``), the state directory, the host root to read sysfs
+        from, a logger, the pod/container cache, and
+        :meth:`~nri_framework.host.PolicyHost.update_containers` to push
+        unsolicited updates to the runtime.
+
+    Read the hardware topology here, not in event hooks.
+    """
+
+
+@hookspec(firstresult=True)
+def policy_export_state() -> Any:
+    """Return the policy's state to persist, or ``None``.
+
+    Called after every change the host has applied (coalesced, off the reply
+    path). The value must be serializable by msgspec (Structs, dicts, lists,
+    strings, numbers). It is handed back, decoded as plain builtins, through
+    the ``saved_state`` argument of :func:`nri_synchronize` after a restart.
+    """
+
+
+@hookspec
+def policy_shutdown() -> None:
+    """The host is stopping (SIGTERM/SIGINT). Release what the policy holds."""
+
+
+# --- NRI requests that expect a decision ------------------------------------
+
+
+@hookspec(firstresult=True)
+def nri_configure(config: str, runtime: RuntimeInfo) -> None:
+    """The runtime's Configure request.
+
+    :param config: configuration text the runtime has for this plugin (only
+        pre-launched plugins get one; ``""`` otherwise).
+    :param runtime: runtime name, version and, when known, its NRI version
+        and timeouts.
+
+    Raise :class:`PolicyError` to refuse the configuration (registration
+    then fails).
+    """
+
+
+@hookspec(firstresult=True)
+def nri_synchronize(
+    pods: list[Pod], containers: list[Container], saved_state: Any
+) -> list[Update] | None:
+    """Every pod and container that exists in the runtime, once after Configure.
+
+    :param pods: all pod sandboxes.
+    :param containers: all containers, with their current resources (cpusets
+        reflect earlier adjustments).
+    :param saved_state: what :func:`policy_export_state` returned before a
+        restart of this plugin, decoded as builtins, or ``None``.
+
+    Return updates for existing containers (for example to re-assert
+    pinning), or ``None``. After a restart, a policy should keep every
+    running container on the CPUs it already has.
+    """
+
+
+@hookspec(firstresult=True)
+def nri_create_container(pod: Pod, container: Container) -> CreateResult | None:
+    """A container is being created: decide where it runs.
+
+    :returns: the adjustment for the new container plus updates to other
+        containers (for example a shrunk shared pool), or ``None`` to leave
+        the container as the runtime made it.
+    """
+
+
+@hookspec(firstresult=True)
+def nri_update_container(
+    pod: Pod, container: Container, resources: Resources
+) -> list[Update] | None:
+    """The kubelet changes a container's resources (UpdateContainerResources).
+
+    :param resources: the new resources the kubelet asked for.
+
+    An update returned for this same container *replaces* the kubelet's: a
+    pinning policy must re-assert ``cpus``/``mems`` here, or the kubelet's
+    cpuset wins.
+    """
+
+
+@hookspec(firstresult=True)
+def nri_stop_container(pod: Pod, container: Container) -> list[Update] | None:
+    """A container stopped; release its resources and return updates for others."""
+
+
+@hookspec(firstresult=True)
+def nri_update_pod_sandbox(pod: Pod, resources: Resources) -> None:
+    """A pod's resources change (NRI v0.10+ runtimes only)."""
+
+
+# --- NRI notifications (no answer; every implementation is called) ----------
+
+
+@hookspec
+def nri_run_pod_sandbox(pod: Pod) -> None:
+    """A pod sandbox started."""
+
+
+@hookspec
+def nri_stop_pod_sandbox(pod: Pod) -> None:
+    """A pod sandbox stopped."""
+
+
+@hookspec
+def nri_remove_pod_sandbox(pod: Pod) -> None:
+    """A pod sandbox was removed; the host drops it from its cache after this."""
+
+
+@hookspec
+def nri_post_create_container(pod: Pod, container: Container) -> None:
+    """A container was created (with the merged adjustments of all plugins)."""
+
+
+@hookspec
+def nri_start_container(pod: Pod, container: Container) -> None:
+    """A container is starting."""
+
+
+@hookspec
+def nri_post_start_container(pod: Pod, container: Container) -> None:
+    """A container started; ``container.pid`` is set."""
+
+
+@hookspec
+def nri_post_update_container(pod: Pod, container: Container) -> None:
+    """A container's resources were updated."""
+
+
+@hookspec
+def nri_remove_container(pod: Pod, container: Container) -> None:
+    """A container was removed; the host drops it from its cache after this."""
+
+
+#: Hook name -> the NRI event whose subscription it needs.
+EVENT_HOOKS: dict[str, Event] = {
+    "nri_run_pod_sandbox": Event.RUN_POD_SANDBOX,
+    "nri_stop_pod_sandbox": Event.STOP_POD_SANDBOX,
+    "nri_remove_pod_sandbox": Event.REMOVE_POD_SANDBOX,
+    "nri_create_container": Event.CREATE_CONTAINER,
+    "nri_post_create_container": Event.POST_CREATE_CONTAINER,
+    "nri_start_container": Event.START_CONTAINER,
+    "nri_post_start_container": Event.POST_START_CONTAINER,
+    "nri_update_container": Event.UPDATE_CONTAINER,
+    "nri_post_update_container": Event.POST_UPDATE_CONTAINER,
+    "nri_stop_container": Event.STOP_CONTAINER,
+    "nri_remove_container": Event.REMOVE_CONTAINER,
+    "nri_update_pod_sandbox": Event.UPDATE_POD_SANDBOX,
+}

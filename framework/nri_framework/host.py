@@ -1,0 +1,318 @@
+"""The microkernel: pod/container cache, the policy's plugin manager, state.
+
+The stub hands the host typed requests; the host keeps its cache current,
+calls the policy's hooks through pluggy, records what was decided and
+persists it off the reply path. One policy is active at a time; other
+registered plugins (observers) receive the notification hooks too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import msgspec
+import pluggy
+
+from nri_framework import hookspecs
+from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, hookimpl
+from nri_framework.model import (
+    Container,
+    ContainerState,
+    CreateResult,
+    Event,
+    Pod,
+    Resources,
+    RuntimeInfo,
+    Update,
+)
+from nri_framework.nri.versions import valid_events
+
+log = logging.getLogger("nri_framework.host")
+
+STATE_VERSION = 1
+#: Coalescing delay of state saves (seconds): saves stay off the reply path.
+SAVE_DELAY = 0.05
+
+
+class SavedContainer(msgspec.Struct, kw_only=True, omit_defaults=True):
+    pod_id: str = ""
+    name: str = ""
+    cpus: str = ""
+    mems: str = ""
+
+
+class SavedState(msgspec.Struct, kw_only=True):
+    version: int = STATE_VERSION
+    policy: str = ""
+    containers: dict[str, SavedContainer] = {}
+    policy_state: Any = None
+
+
+class Cache:
+    """Pods and containers the runtime told us about, by id.
+
+    Registered with the plugin manager so that the subscription always
+    includes the removal events the cache needs to forget things.
+    """
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Pod] = {}
+        self.containers: dict[str, Container] = {}
+        #: cpuset/memset the host last assigned, by container id
+        self.assigned: dict[str, SavedContainer] = {}
+
+    def put_pod(self, pod: Pod) -> None:
+        self.pods[pod.id] = pod
+
+    def put_container(self, container: Container) -> None:
+        self.containers[container.id] = container
+
+    def record(self, container_id: str, resources: Resources | None, container: Container | None = None) -> None:
+        """Remember the cpuset/memset a decision gave ``container_id``."""
+        if resources is None or resources.cpu is None:
+            return
+        cpu = resources.cpu
+        if not cpu.cpus and not cpu.mems:
+            return
+        prev = self.assigned.get(container_id)
+        c = container or self.containers.get(container_id)
+        self.assigned[container_id] = SavedContainer(
+            pod_id=c.pod_sandbox_id if c else (prev.pod_id if prev else ""),
+            name=c.name if c else (prev.name if prev else ""),
+            cpus=cpu.cpus or (prev.cpus if prev else ""),
+            mems=cpu.mems or (prev.mems if prev else ""),
+        )
+
+    @hookimpl(trylast=True)
+    def nri_remove_container(self, pod: Pod, container: Container) -> None:
+        self.containers.pop(container.id, None)
+        self.assigned.pop(container.id, None)
+
+    @hookimpl(trylast=True)
+    def nri_remove_pod_sandbox(self, pod: Pod) -> None:
+        self.pods.pop(pod.id, None)
+        for cid in [cid for cid, c in self.containers.items() if c.pod_sandbox_id == pod.id]:
+            self.containers.pop(cid, None)
+            self.assigned.pop(cid, None)
+
+
+UpdateSender = Callable[[list[Update]], Awaitable[list[Update]]]
+
+
+class PolicyHost:
+    """What a policy gets in :func:`~nri_framework.hookspecs.policy_start`, and the
+    stub's entry into the policy."""
+
+    def __init__(
+        self,
+        policy_name: str,
+        policy: ModuleType | object,
+        *,
+        options: Mapping[str, Any] | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        host_root: str = "/",
+        observers: list[object] | None = None,
+    ) -> None:
+        self.policy_name = policy_name
+        self.options: Mapping[str, Any] = dict(options or {})
+        self.host_root = host_root
+        self.state_dir = Path(state_dir) if state_dir else None
+        self.log = logging.getLogger(f"policy.{policy_name}")
+        self.cache = Cache()
+        self.runtime = RuntimeInfo()
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.pm.register(self.cache, name="cache")
+        self.pm.register(policy, name=policy_name)
+        for obs in observers or ():
+            self.pm.register(obs)
+        self.hook = self.pm.hook
+        self._update_sender: UpdateSender | None = None
+        self._save_handle: asyncio.Handle | None = None
+        self._saved = self._load_state()
+        self.hook.policy_start(host=self)
+
+    # -- services for policies ---------------------------------------------
+
+    @property
+    def pods(self) -> Mapping[str, Pod]:
+        return self.cache.pods
+
+    @property
+    def containers(self) -> Mapping[str, Container]:
+        return self.cache.containers
+
+    def set_update_sender(self, sender: UpdateSender | None) -> None:
+        self._update_sender = sender
+
+    async def update_containers(self, updates: list[Update]) -> list[Update]:
+        """Push updates to the runtime unsolicited; returns the ones that failed.
+
+        Raises :class:`ConnectionError` when no runtime is connected.
+        """
+        if self._update_sender is None:
+            raise ConnectionError("not connected to an NRI runtime")
+        for u in updates:
+            self.cache.record(u.container_id, u.resources)
+        failed = await self._update_sender(updates)
+        self.changed()
+        return failed
+
+    # -- the subscription ----------------------------------------------------
+
+    def event_mask(self, valid: int) -> int:
+        """Subscription bits for every ``nri_*`` hook that has an implementation."""
+        mask = 0
+        for name, event in EVENT_HOOKS.items():
+            if getattr(self.hook, name).get_hookimpls():
+                if event.bit & valid:
+                    mask |= event.bit
+                else:
+                    log.warning(
+                        "runtime %s %s does not support event %s: hook %s will not be called",
+                        self.runtime.name,
+                        self.runtime.version,
+                        event.name,
+                        name,
+                    )
+        return mask
+
+    # -- requests from the stub ----------------------------------------------
+
+    def configure(self, config: str, runtime: RuntimeInfo) -> int:
+        self.runtime = runtime
+        self.hook.nri_configure(config=config, runtime=runtime)
+        return self.event_mask(valid_events(runtime.name, runtime.version, runtime.nri_version))
+
+    def synchronize(self, pods: list[Pod], containers: list[Container]) -> list[Update]:
+        self.cache.pods = {p.id: p for p in pods}
+        self.cache.containers = {c.id: c for c in containers}
+        saved = self._saved
+        # what we assigned before a restart, for containers that still exist
+        self.cache.assigned = {
+            cid: sc for cid, sc in (saved.containers.items() if saved else ()) if cid in self.cache.containers
+        }
+        updates = self.hook.nri_synchronize(
+            pods=pods, containers=containers, saved_state=saved.policy_state if saved else None
+        ) or []
+        for u in updates:
+            self.cache.record(u.container_id, u.resources)
+        self.changed()
+        return updates
+
+    def create_container(self, pod: Pod, container: Container) -> CreateResult:
+        self.cache.put_pod(pod)
+        self.cache.put_container(container)
+        result: CreateResult | None = self.hook.nri_create_container(pod=pod, container=container)
+        if result is None:
+            return CreateResult()
+        if result.adjustment is not None:
+            self.cache.record(container.id, result.adjustment.resources, container)
+        for u in result.updates:
+            self.cache.record(u.container_id, u.resources)
+        self.changed()
+        return result
+
+    def update_container(self, pod: Pod, container: Container, resources: Resources) -> list[Update]:
+        self.cache.put_container(container)
+        updates = self.hook.nri_update_container(pod=pod, container=container, resources=resources) or []
+        for u in updates:
+            self.cache.record(u.container_id, u.resources)
+        if updates:
+            self.changed()
+        return updates
+
+    def stop_container(self, pod: Pod, container: Container) -> list[Update]:
+        cached = self.cache.containers.get(container.id)
+        if cached is not None:
+            cached.state = ContainerState.STOPPED
+        updates = self.hook.nri_stop_container(pod=pod, container=container) or []
+        for u in updates:
+            self.cache.record(u.container_id, u.resources)
+        self.changed()
+        return updates
+
+    def update_pod_sandbox(self, pod: Pod, resources: Resources) -> None:
+        self.cache.put_pod(pod)
+        self.hook.nri_update_pod_sandbox(pod=pod, resources=resources)
+
+    def notify(self, event: Event, pod: Pod, container: Container | None) -> None:
+        """A lifecycle event without an answer: refresh the cache, call the hooks."""
+        hook_name = f"nri_{event.name.lower()}"
+        if event is not Event.REMOVE_POD_SANDBOX:
+            self.cache.put_pod(pod)
+        if container is not None and event is not Event.REMOVE_CONTAINER:
+            self.cache.put_container(container)
+        caller = getattr(self.hook, hook_name, None)
+        if caller is None:
+            return
+        if container is None:
+            caller(pod=pod)
+        else:
+            caller(pod=pod, container=container)
+        if event in (Event.REMOVE_CONTAINER, Event.REMOVE_POD_SANDBOX):
+            self.changed()
+
+    def shutdown(self) -> None:
+        self.hook.policy_shutdown()
+        self.save_now()
+
+    # -- persistence ---------------------------------------------------------
+
+    @property
+    def state_path(self) -> Path | None:
+        return self.state_dir / f"{self.policy_name}.state.json" if self.state_dir else None
+
+    def _load_state(self) -> SavedState | None:
+        path = self.state_path
+        if path is None or not path.exists():
+            return None
+        try:
+            state = msgspec.json.decode(path.read_bytes(), type=SavedState)
+        except (OSError, msgspec.DecodeError) as exc:
+            log.error("ignoring unreadable state file %s: %s", path, exc)
+            return None
+        if state.version != STATE_VERSION or state.policy != self.policy_name:
+            log.warning("ignoring state file %s of policy %r, version %d", path, state.policy, state.version)
+            return None
+        log.info("loaded state of %d container(s) from %s", len(state.containers), path)
+        return state
+
+    def changed(self) -> None:
+        """Something worth persisting changed; save soon, after the reply is out."""
+        if self.state_dir is None or self._save_handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.save_now()
+            return
+        self._save_handle = loop.call_later(SAVE_DELAY, self.save_now)
+
+    def save_now(self) -> None:
+        self._save_handle = None
+        path = self.state_path
+        if path is None:
+            return
+        state = SavedState(
+            policy=self.policy_name,
+            containers=dict(self.cache.assigned),
+            policy_state=self.hook.policy_export_state(),
+        )
+        tmp = path.with_suffix(".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(msgspec.json.encode(state))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.error("failed to save state to %s: %s", path, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink()

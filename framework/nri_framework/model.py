@@ -1,0 +1,166 @@
+"""The typed domain model between the NRI stub and the policies.
+
+Policies never see protobuf: :mod:`nri_framework.convert` turns NRI messages
+into these msgspec Structs at the edge and adjustments back into protobuf.
+Only what a resource policy needs is modelled; the rest of a container
+(mounts, hooks, devices, ...) stays in the runtime.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class ContainerState(enum.IntEnum):
+    UNKNOWN = 0
+    CREATED = 1
+    PAUSED = 2
+    RUNNING = 3
+    STOPPED = 4
+
+
+class Event(enum.IntEnum):
+    """NRI lifecycle events; event ``e`` is subscription bit ``1 << (e - 1)``."""
+
+    RUN_POD_SANDBOX = 1
+    STOP_POD_SANDBOX = 2
+    REMOVE_POD_SANDBOX = 3
+    CREATE_CONTAINER = 4
+    POST_CREATE_CONTAINER = 5
+    START_CONTAINER = 6
+    POST_START_CONTAINER = 7
+    UPDATE_CONTAINER = 8
+    POST_UPDATE_CONTAINER = 9
+    STOP_CONTAINER = 10
+    REMOVE_CONTAINER = 11
+    UPDATE_POD_SANDBOX = 12
+    POST_UPDATE_POD_SANDBOX = 13
+    VALIDATE_CONTAINER_ADJUSTMENT = 14
+
+    @property
+    def bit(self) -> int:
+        return 1 << (self.value - 1)
+
+
+class CpuResources(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``LinuxCPU``: CFS shares/quota/period, RT budget, cpuset cpus and mems.
+
+    ``None`` means "not set"; the cpuset strings use the Linux list format and
+    ``""`` means "not set".
+    """
+
+    shares: int | None = None
+    quota: int | None = None
+    period: int | None = None
+    realtime_runtime: int | None = None
+    realtime_period: int | None = None
+    cpus: str = ""
+    mems: str = ""
+
+
+class MemoryResources(msgspec.Struct, kw_only=True, omit_defaults=True):
+    limit: int | None = None
+    reservation: int | None = None
+    swap: int | None = None
+    kernel: int | None = None
+    kernel_tcp: int | None = None
+    swappiness: int | None = None
+    disable_oom_killer: bool | None = None
+    use_hierarchy: bool | None = None
+
+
+class Resources(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``LinuxResources``, the part a resource policy reads or adjusts."""
+
+    cpu: CpuResources | None = None
+    memory: MemoryResources | None = None
+    blockio_class: str | None = None
+    rdt_class: str | None = None
+    unified: dict[str, str] = {}
+    pids_limit: int | None = None
+
+
+class Pod(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: str
+    name: str = ""
+    uid: str = ""
+    namespace: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    runtime_handler: str = ""
+    cgroup_parent: str = ""
+    cgroups_path: str = ""
+    pod_overhead: Resources | None = None
+    pod_resources: Resources | None = None
+    resources: Resources | None = None
+    pid: int = 0
+    ips: list[str] = []
+
+
+class Container(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: str
+    pod_sandbox_id: str = ""
+    name: str = ""
+    state: ContainerState = ContainerState.UNKNOWN
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    args: list[str] = []
+    env: list[str] = []
+    resources: Resources | None = None
+    cgroups_path: str = ""
+    pid: int = 0
+
+    @property
+    def cpus(self) -> str:
+        """The container's cpuset (``""`` when unset)."""
+        return self.resources.cpu.cpus if self.resources and self.resources.cpu else ""
+
+
+class Adjustment(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a policy changes in a container being created.
+
+    ``annotations``/``env`` entries are added (env as ``KEY=VALUE``);
+    ``resources`` fields that are set override the runtime's values.
+    """
+
+    annotations: dict[str, str] = {}
+    env: dict[str, str] = {}
+    resources: Resources | None = None
+
+
+class Update(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A change to the resources of an existing container."""
+
+    container_id: str
+    resources: Resources
+    ignore_failure: bool = False
+
+
+class Eviction(msgspec.Struct, kw_only=True):
+    container_id: str
+    reason: str
+
+
+class CreateResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A policy's answer to CreateContainer."""
+
+    adjustment: Adjustment | None = None
+    updates: list[Update] = []
+    evictions: list[Eviction] = []
+
+
+class RuntimeInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who we are talking to, from ``ConfigureRequest``."""
+
+    name: str = ""
+    version: str = ""
+    nri_version: str = ""
+    registration_timeout_ms: int = 0
+    request_timeout_ms: int = 0
+
+
+def cpu_pin(cpus: str, mems: str = "") -> Resources:
+    """Resources that pin to ``cpus`` (and ``mems`` when given)."""
+    return Resources(cpu=CpuResources(cpus=cpus, mems=mems))

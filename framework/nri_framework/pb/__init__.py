@@ -1,0 +1,4 @@
+"""Generated protobuf modules (NRI API, ttrpc envelope, CRI subset).
+
+Do not edit: regenerate with `tox -e proto` (scripts/genproto.py) from proto/.
+"""

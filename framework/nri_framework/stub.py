@@ -1,0 +1,399 @@
+"""The NRI plugin stub over asyncio: connect, register, serve, reconnect.
+
+Converts NRI requests to the domain model, calls the host, and answers.
+External mode connects to the runtime's socket; pre-launched mode uses the
+socket the runtime passed as fd 3 (``NRI_PLUGIN_SOCKET``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError, Message
+
+from nri_framework import convert
+from nri_framework.host import PolicyHost
+from nri_framework.hookspecs import PolicyError
+from nri_framework.model import Event, Update
+from nri_framework.nri.connection import (
+    ConnectionClosed,
+    NriConnection,
+    Role,
+)
+from nri_framework.nri.ttrpc import (
+    Code,
+    ProtocolNotice,
+    RequestReceived,
+    ResponseReceived,
+    TtrpcError,
+)
+from nri_framework.nri.versions import runtime_nri_version
+from nri_framework.pb import nri_pb2 as pb
+
+log = logging.getLogger("nri_framework.stub")
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+PLUGIN_NAME_RE = re.compile(r"^[a-zA-Z0-9_.+-]+$")
+PLUGIN_INDEX_RE = re.compile(r"^[0-9]{2}$")
+
+
+class Disconnected(Exception):
+    """The trunk to the runtime is gone."""
+
+
+@dataclass
+class StubOptions:
+    name: str = "resource-policy"
+    index: str = "90"
+    socket_path: str = DEFAULT_SOCKET
+    #: pre-launched: the inherited socket fd (3); None for external mode
+    fd: int | None = None
+    #: external mode: reconnect after losing the runtime (else exit non-zero)
+    reconnect: bool = True
+    register_timeout: float = 5.0
+    call_timeout: float = 2.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 10.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_environment(cls, env: dict[str, str] | None = None, **kw: object) -> StubOptions:
+        """Pre-launched mode when the runtime set ``NRI_PLUGIN_SOCKET``."""
+        env = dict(os.environ if env is None else env)
+        opts = cls(**kw)  # type: ignore[arg-type]
+        if env.get("NRI_PLUGIN_SOCKET"):
+            opts.fd = int(env["NRI_PLUGIN_SOCKET"])
+            opts.name = env.get("NRI_PLUGIN_NAME", opts.name)
+            opts.index = env.get("NRI_PLUGIN_IDX", opts.index)
+            opts.reconnect = False
+        return opts
+
+    def validate(self) -> None:
+        if not PLUGIN_NAME_RE.match(self.name):
+            raise ValueError(f"invalid plugin name {self.name!r}: must match [a-zA-Z0-9_.+-]+")
+        if not PLUGIN_INDEX_RE.match(self.index):
+            raise ValueError(f"invalid plugin index {self.index!r}: must be two digits")
+
+
+Handler = Callable[[bytes], bytes]
+
+
+class Session:
+    """One connected trunk: the read loop, dispatch of requests, our own calls."""
+
+    def __init__(
+        self,
+        host: PolicyHost,
+        opts: StubOptions,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.host = host
+        self.opts = opts
+        self.reader = reader
+        self.writer = writer
+        self.conn = NriConnection(Role.PLUGIN)
+        self.calls: dict[int, asyncio.Future[tuple[int, str, bytes]]] = {}
+        self.sync_pods: list[pb.PodSandbox] = []
+        self.sync_containers: list[pb.Container] = []
+        self.nri_version: tuple[int, ...] = ()
+        self.configured = asyncio.Event()
+        self.synchronized = asyncio.Event()
+        self.closed_reason = ""
+        self.handlers: dict[str, tuple[type[Message], Handler]] = {}
+        self._install_handlers()
+
+    # -- plumbing ------------------------------------------------------------
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def call(self, method: str, request: Message, response_type: type[Message]) -> Message:
+        """Call ``method`` on the runtime's service and wait for the answer."""
+        if self.writer.is_closing():
+            raise Disconnected("connection closed")
+        timeout = self.opts.call_timeout
+        sid = self.conn.send_request(method, request.SerializeToString(), int(timeout * 1e9))
+        fut: asyncio.Future[tuple[int, str, bytes]] = asyncio.get_running_loop().create_future()
+        self.calls[sid] = fut
+        self.flush()
+        try:
+            code, message, payload = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            self.conn.forget(sid)
+            raise TtrpcError(Code.DEADLINE_EXCEEDED, f"{method}: no answer in {timeout}s") from None
+        finally:
+            self.calls.pop(sid, None)
+        if code:
+            raise TtrpcError(code, message)
+        resp = response_type()
+        resp.ParseFromString(payload)
+        return resp
+
+    async def read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    self.closed_reason = "runtime closed the connection"
+                    return
+                for ev in self.conn.receive_data(data):
+                    if isinstance(ev, RequestReceived):
+                        self.dispatch(ev)
+                    elif isinstance(ev, ResponseReceived):
+                        fut = self.calls.get(ev.stream_id)
+                        if fut is not None and not fut.done():
+                            fut.set_result((ev.code, ev.message, ev.payload))
+                    elif isinstance(ev, ProtocolNotice):
+                        log.warning("NRI protocol: %s", ev.reason)
+                    elif isinstance(ev, ConnectionClosed):
+                        log.error("closing NRI connection: %s", ev.reason)
+                        self.closed_reason = ev.reason
+                        return
+                self.flush()
+        except (ConnectionError, OSError) as exc:
+            self.closed_reason = f"connection lost: {exc}"
+        finally:
+            for fut in self.calls.values():
+                if not fut.done():
+                    fut.set_exception(Disconnected(self.closed_reason or "connection closed"))
+
+    def dispatch(self, ev: RequestReceived) -> None:
+        """Answer one request. Handlers are synchronous: decisions never interleave."""
+        if ev.service != self.conn.served_service:
+            self.conn.send_response(ev.stream_id, code=Code.UNIMPLEMENTED, message=f"service {ev.service}")
+            return
+        entry = self.handlers.get(ev.method)
+        if entry is None:
+            self.conn.send_response(ev.stream_id, code=Code.UNIMPLEMENTED, message=f"method {ev.method}")
+            return
+        req_type, handler = entry
+        try:
+            payload = handler(ev.payload) if req_type is None else handler(ev.payload)
+        except TtrpcError as exc:
+            self.conn.send_response(ev.stream_id, code=exc.code, message=exc.message)
+        except DecodeError as exc:
+            log.warning("%s: undecodable request: %s", ev.method, exc)
+            self.conn.send_response(ev.stream_id, code=Code.INVALID_ARGUMENT, message=f"{ev.method}: {exc}")
+        except PolicyError as exc:
+            log.error("%s: %s", ev.method, exc)
+            self.conn.send_response(ev.stream_id, code=Code.UNKNOWN, message=str(exc))
+        except Exception as exc:
+            log.exception("%s failed", ev.method)
+            self.conn.send_response(ev.stream_id, code=Code.UNKNOWN, message=f"{ev.method}: {exc}")
+        else:
+            self.conn.send_response(ev.stream_id, payload)
+
+    # -- Plugin service ------------------------------------------------------
+
+    def _install_handlers(self) -> None:
+        h = self.handlers
+        h["Configure"] = (pb.ConfigureRequest, self.on_configure)
+        h["Synchronize"] = (pb.SynchronizeRequest, self.on_synchronize)
+        h["Shutdown"] = (pb.Empty, self.on_shutdown)
+        h["CreateContainer"] = (pb.CreateContainerRequest, self.on_create_container)
+        h["UpdateContainer"] = (pb.UpdateContainerRequest, self.on_update_container)
+        h["StopContainer"] = (pb.StopContainerRequest, self.on_stop_container)
+        h["StateChange"] = (pb.StateChangeEvent, self.on_state_change)
+        h["UpdatePodSandbox"] = (pb.UpdatePodSandboxRequest, self.on_update_pod_sandbox)
+        # v0.12 dedicated event RPCs: served only when some hook wants the
+        # event; otherwise UNIMPLEMENTED makes the runtime fall back to StateChange.
+        for method, event, req_type in (
+            ("RunPodSandbox", Event.RUN_POD_SANDBOX, pb.RunPodSandboxRequest),
+            ("StopPodSandbox", Event.STOP_POD_SANDBOX, pb.StopPodSandboxRequest),
+            ("RemovePodSandbox", Event.REMOVE_POD_SANDBOX, pb.RemovePodSandboxRequest),
+            ("PostUpdatePodSandbox", Event.POST_UPDATE_POD_SANDBOX, pb.PostUpdatePodSandboxRequest),
+            ("PostCreateContainer", Event.POST_CREATE_CONTAINER, pb.PostCreateContainerRequest),
+            ("StartContainer", Event.START_CONTAINER, pb.StartContainerRequest),
+            ("PostStartContainer", Event.POST_START_CONTAINER, pb.PostStartContainerRequest),
+            ("PostUpdateContainer", Event.POST_UPDATE_CONTAINER, pb.PostUpdateContainerRequest),
+            ("RemoveContainer", Event.REMOVE_CONTAINER, pb.RemoveContainerRequest),
+        ):
+            hook = getattr(self.host.hook, f"nri_{event.name.lower()}", None)
+            if hook is not None and hook.get_hookimpls():
+                h[method] = (req_type, self._dedicated(event, req_type))
+
+    def _dedicated(self, event: Event, req_type: type[Message]) -> Handler:
+        def handle(payload: bytes) -> bytes:
+            req = req_type()
+            req.ParseFromString(payload)
+            pod = convert.pod_from_pb(req.pod)  # type: ignore[attr-defined]
+            container = (
+                convert.container_from_pb(req.container)  # type: ignore[attr-defined]
+                if req.HasField("container")  # type: ignore[attr-defined]
+                else None
+            ) if "container" in req.DESCRIPTOR.fields_by_name else None
+            self.host.notify(event, pod, container)
+            return b""
+
+        return handle
+
+    def on_configure(self, payload: bytes) -> bytes:
+        req = pb.ConfigureRequest.FromString(payload)
+        runtime = convert.runtime_from_pb(req)
+        self.nri_version = runtime_nri_version(runtime.name, runtime.version, runtime.nri_version)
+        events = self.host.configure(req.config, runtime)
+        log.info(
+            "configured by runtime %s %s (NRI %s), subscribed events 0x%x",
+            runtime.name,
+            runtime.version,
+            ".".join(map(str, self.nri_version)) or "unknown",
+            events,
+        )
+        self.configured.set()
+        return pb.ConfigureResponse(events=events).SerializeToString()
+
+    def on_synchronize(self, payload: bytes) -> bytes:
+        req = pb.SynchronizeRequest.FromString(payload)
+        self.sync_pods.extend(req.pods)
+        self.sync_containers.extend(req.containers)
+        if req.more:
+            return pb.SynchronizeResponse(more=True).SerializeToString()
+        pods = [convert.pod_from_pb(p) for p in self.sync_pods]
+        containers = [convert.container_from_pb(c) for c in self.sync_containers]
+        self.sync_pods, self.sync_containers = [], []
+        updates = self.host.synchronize(pods, containers)
+        log.info("synchronized %d pod(s), %d container(s), %d update(s)", len(pods), len(containers), len(updates))
+        self.synchronized.set()
+        resp = pb.SynchronizeResponse()
+        for u in updates:
+            convert.update_to_pb(u, resp.update.add())
+        return resp.SerializeToString()
+
+    def on_shutdown(self, payload: bytes) -> bytes:
+        log.info("runtime asked us to shut down")
+        self.host.shutdown()
+        return b""
+
+    def on_create_container(self, payload: bytes) -> bytes:
+        req = pb.CreateContainerRequest.FromString(payload)
+        result = self.host.create_container(convert.pod_from_pb(req.pod), convert.container_from_pb(req.container))
+        return convert.create_result_to_pb(result).SerializeToString()
+
+    def on_update_container(self, payload: bytes) -> bytes:
+        req = pb.UpdateContainerRequest.FromString(payload)
+        updates = self.host.update_container(
+            convert.pod_from_pb(req.pod),
+            convert.container_from_pb(req.container),
+            convert.resources_from_pb(req.linux_resources),
+        )
+        resp = pb.UpdateContainerResponse()
+        for u in updates:
+            convert.update_to_pb(u, resp.update.add())
+        return resp.SerializeToString()
+
+    def on_stop_container(self, payload: bytes) -> bytes:
+        req = pb.StopContainerRequest.FromString(payload)
+        updates = self.host.stop_container(convert.pod_from_pb(req.pod), convert.container_from_pb(req.container))
+        resp = pb.StopContainerResponse()
+        for u in updates:
+            convert.update_to_pb(u, resp.update.add())
+        return resp.SerializeToString()
+
+    def on_update_pod_sandbox(self, payload: bytes) -> bytes:
+        req = pb.UpdatePodSandboxRequest.FromString(payload)
+        self.host.update_pod_sandbox(convert.pod_from_pb(req.pod), convert.resources_from_pb(req.linux_resources))
+        return b""
+
+    def on_state_change(self, payload: bytes) -> bytes:
+        req = pb.StateChangeEvent.FromString(payload)
+        try:
+            event = Event(req.event)
+        except ValueError:
+            log.warning("ignoring unknown NRI event %d", req.event)
+            return b""
+        container = convert.container_from_pb(req.container) if req.HasField("container") else None
+        self.host.notify(event, convert.pod_from_pb(req.pod), container)
+        return b""
+
+    # -- Runtime service -----------------------------------------------------
+
+    async def register(self) -> None:
+        req = pb.RegisterPluginRequest(plugin_name=self.opts.name, plugin_idx=self.opts.index)
+        await self.call("RegisterPlugin", req, pb.Empty)
+
+    async def update_containers(self, updates: list[Update]) -> list[Update]:
+        req = pb.UpdateContainersRequest()
+        for u in updates:
+            convert.update_to_pb(u, req.update.add())
+        resp = await self.call("UpdateContainers", req, pb.UpdateContainersResponse)
+        return [convert.update_from_pb(u) for u in resp.failed]  # type: ignore[attr-defined]
+
+
+class PluginStub:
+    """Runs sessions with the runtime until stopped; reconnects in external mode."""
+
+    def __init__(self, host: PolicyHost, opts: StubOptions) -> None:
+        opts.validate()
+        self.host = host
+        self.opts = opts
+        self.session: Session | None = None
+        self.stopping = asyncio.Event()
+        self.connected = asyncio.Event()
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.opts.fd is not None:
+            sock = socket.socket(family=socket.AF_UNIX, type=socket.SOCK_STREAM, fileno=self.opts.fd)
+            return await asyncio.open_unix_connection(sock=sock)
+        return await asyncio.open_unix_connection(self.opts.socket_path)
+
+    async def run_session(self) -> str:
+        reader, writer = await self._open()
+        session = Session(self.host, self.opts, reader, writer)
+        self.session = session
+        self.host.set_update_sender(session.update_containers)
+        reading = asyncio.create_task(session.read_loop())
+        try:
+            await session.register()
+            log.info("registered as %s-%s", self.opts.index, self.opts.name)
+            self.connected.set()
+            stop = asyncio.create_task(self.stopping.wait())
+            await asyncio.wait({reading, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if self.stopping.is_set():
+                return "stopped"
+            return session.closed_reason or "connection closed"
+        except (TtrpcError, Disconnected) as exc:
+            return f"registration failed: {exc}"
+        finally:
+            self.connected.clear()
+            self.host.set_update_sender(None)
+            self.session = None
+            reading.cancel()
+            writer.close()
+
+    async def run(self) -> int:
+        """Serve until stopped. Returns the process exit code."""
+        backoff = self.opts.backoff_initial
+        while not self.stopping.is_set():
+            try:
+                reason = await self.run_session()
+            except (FileNotFoundError, ConnectionRefusedError, PermissionError) as exc:
+                if not self.opts.reconnect:
+                    log.error("cannot connect to NRI runtime: %s", exc)
+                    return 1
+                log.warning("NRI runtime not reachable (%s), retrying in %.1fs", exc, backoff)
+            else:
+                if self.stopping.is_set():
+                    return 0
+                if not self.opts.reconnect:
+                    log.error("lost NRI runtime: %s; exiting", reason)
+                    return 1
+                log.warning("lost NRI runtime: %s; reconnecting in %.1fs", reason, backoff)
+            try:
+                await asyncio.wait_for(self.stopping.wait(), backoff)
+            except TimeoutError:
+                pass
+            backoff = min(backoff * 2, self.opts.backoff_max)
+        return 0
+
+    def stop(self) -> None:
+        self.stopping.set()
