@@ -49,6 +49,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.8"
 BUSYBOX_IMAGE = "docker.io/library/busybox:local"
@@ -81,22 +82,36 @@ def _log(msg: str) -> None:
     print(f"[containerd-env] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
-         check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True,
-                          timeout=timeout, check=False)
+def _run(
+    cmd: list[str],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False
+    )
     if check and proc.returncode != 0:
-        raise EnvError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
-                       f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        raise EnvError(
+            f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+        )
     return proc
 
 
 # --------------------------------------------------------------------------- fetch
 
+
 def _apt_config(cache: Path) -> Path:
     apt = cache / "apt"
-    for d in (apt / "lists" / "partial", apt / "cache" / "archives" / "partial",
-              apt / "sources.list.d", apt / "preferences.d"):
+    for d in (
+        apt / "lists" / "partial",
+        apt / "cache" / "archives" / "partial",
+        apt / "sources.list.d",
+        apt / "preferences.d",
+    ):
         d.mkdir(parents=True, exist_ok=True)
     (apt / "sources.list").write_text(TRIXIE_SOURCE)
     conf = apt / "apt.conf"
@@ -112,8 +127,9 @@ def _apt_config(cache: Path) -> Path:
     return conf
 
 
-def _find_file(root: Path, name: str, dirs: tuple[str, ...] = ("usr/bin", "usr/sbin", "bin", "sbin")
-               ) -> Path | None:
+def _find_file(
+    root: Path, name: str, dirs: tuple[str, ...] = ("usr/bin", "usr/sbin", "bin", "sbin")
+) -> Path | None:
     for d in dirs:
         p = root / d / name
         if p.is_file():
@@ -123,8 +139,10 @@ def _find_file(root: Path, name: str, dirs: tuple[str, ...] = ("usr/bin", "usr/s
 
 def _binaries(cache: Path) -> dict[str, Path | None]:
     root = cache / "root"
-    return {name: _find_file(root, name)
-            for name in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox")}
+    return {
+        name: _find_file(root, name)
+        for name in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox")
+    }
 
 
 def _debs(cache: Path, pkg: str) -> list[Path]:
@@ -175,8 +193,9 @@ def fetch(cache: Path | str = DEFAULT_CACHE, *, quiet: bool = False) -> dict[str
     root = cache / "root"
     stamp = cache / "root.stamp"
     debs = sorted(p.name for pkg in (*TRIXIE_PACKAGES, *SYSTEM_PACKAGES) for p in _debs(cache, pkg))
-    if not (stamp.is_file() and stamp.read_text().split() == debs
-            and all(_binaries(cache).values())):
+    if not (
+        stamp.is_file() and stamp.read_text().split() == debs and all(_binaries(cache).values())
+    ):
         if root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True)
@@ -202,14 +221,28 @@ def fetch(cache: Path | str = DEFAULT_CACHE, *, quiet: bool = False) -> dict[str
 
 # --------------------------------------------------------------------------- images
 
+
 def _go_arch() -> str:
     m = os.uname().machine
-    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
-            "s390x": "s390x", "riscv64": "riscv64"}.get(m, m)
+    return {
+        "x86_64": "amd64",
+        "aarch64": "arm64",
+        "armv7l": "arm",
+        "ppc64le": "ppc64le",
+        "s390x": "s390x",
+        "riscv64": "riscv64",
+    }.get(m, m)
 
 
-def _tar_add(tar: tarfile.TarFile, name: str, *, data: bytes | None = None, mode: int = 0o644,
-             kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
+def _tar_add(
+    tar: tarfile.TarFile,
+    name: str,
+    *,
+    data: bytes | None = None,
+    mode: int = 0o644,
+    kind: bytes = tarfile.REGTYPE,
+    link: str = "",
+) -> None:
     ti = tarfile.TarInfo(name)
     ti.mtime = 0
     ti.uid = ti.gid = 0
@@ -225,14 +258,25 @@ def _busybox_layer(busybox: Path) -> bytes:
     applets = _run([str(busybox), "--list"]).stdout.split()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for d, mode in (("bin", 0o755), ("dev", 0o755), ("etc", 0o755), ("proc", 0o555),
-                        ("root", 0o700), ("sys", 0o555), ("tmp", 0o1777), ("var", 0o755)):
+        for d, mode in (
+            ("bin", 0o755),
+            ("dev", 0o755),
+            ("etc", 0o755),
+            ("proc", 0o555),
+            ("root", 0o700),
+            ("sys", 0o555),
+            ("tmp", 0o1777),
+            ("var", 0o755),
+        ):
             _tar_add(tar, d, mode=mode, kind=tarfile.DIRTYPE)
         _tar_add(tar, "bin/busybox", data=busybox.read_bytes(), mode=0o755)
         for a in sorted(set(applets) - {"busybox"}):
             _tar_add(tar, f"bin/{a}", kind=tarfile.SYMTYPE, link="busybox", mode=0o777)
-        _tar_add(tar, "etc/passwd",
-                 data=b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
+        _tar_add(
+            tar,
+            "etc/passwd",
+            data=b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+        )
         _tar_add(tar, "etc/group", data=b"root:x:0:\nnogroup:x:65534:\n")
     return buf.getvalue()
 
@@ -246,42 +290,58 @@ def _oci_archive(ref: str, layer: bytes, cmd: list[str]) -> bytes:
 
     arch = _go_arch()
     layer_digest, _ = blob(layer)
-    config = dumps({
-        "created": "1970-01-01T00:00:00Z",
-        "architecture": arch,
-        "os": "linux",
-        "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Cmd": cmd,
-            "WorkingDir": "/",
-        },
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "containerd_env.py"}],
-    })
-    config_digest, _ = blob(config)
-    manifest = dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest, "size": len(layer)}],
-    })
-    manifest_digest, _ = blob(manifest)
-    index = dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest,
-            "size": len(manifest),
-            "platform": {"architecture": arch, "os": "linux"},
-            "annotations": {
-                "io.containerd.image.name": ref,
-                "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1],
+    config = dumps(
+        {
+            "created": "1970-01-01T00:00:00Z",
+            "architecture": arch,
+            "os": "linux",
+            "config": {
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Cmd": cmd,
+                "WorkingDir": "/",
             },
-        }],
-    })
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "containerd_env.py"}],
+        }
+    )
+    config_digest, _ = blob(config)
+    manifest = dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest,
+                    "size": len(layer),
+                }
+            ],
+        }
+    )
+    manifest_digest, _ = blob(manifest)
+    index = dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": manifest_digest,
+                    "size": len(manifest),
+                    "platform": {"architecture": arch, "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": ref,
+                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1],
+                    },
+                }
+            ],
+        }
+    )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _tar_add(tar, "oci-layout", data=b'{"imageLayoutVersion":"1.0.0"}')
@@ -304,11 +364,15 @@ def build_images(cache: Path, busybox: Path, say=_log) -> dict[str, Path]:  # ty
     imgdir = cache / "images"
     imgdir.mkdir(parents=True, exist_ok=True)
     stamp_key = hashlib.sha256(
-        busybox.read_bytes() + json.dumps(IMAGE_SPECS, sort_keys=True).encode()).hexdigest()
+        busybox.read_bytes() + json.dumps(IMAGE_SPECS, sort_keys=True).encode()
+    ).hexdigest()
     stamp = imgdir / "images.stamp"
     out = {name: imgdir / name for name in IMAGE_SPECS}
-    if stamp.is_file() and stamp.read_text().strip() == stamp_key and all(
-            p.is_file() for p in out.values()):
+    if (
+        stamp.is_file()
+        and stamp.read_text().strip() == stamp_key
+        and all(p.is_file() for p in out.values())
+    ):
         say(f"cached: {', '.join(str(p) for p in out.values())}")
         return out
     layer = _busybox_layer(busybox)
@@ -323,9 +387,14 @@ def build_images(cache: Path, busybox: Path, say=_log) -> dict[str, Path]:  # ty
 
 # --------------------------------------------------------------------------- CRI probe
 
+
 def _h2_frame(ftype: int, flags: int, stream: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(
-        ">I", stream) + payload
+    return (
+        struct.pack(">I", len(payload))[1:]
+        + bytes([ftype, flags])
+        + struct.pack(">I", stream)
+        + payload
+    )
 
 
 def _hpack_literal(name: str, value: str) -> bytes:
@@ -333,6 +402,7 @@ def _hpack_literal(name: str, value: str) -> bytes:
         b = x.encode()
         assert len(b) < 127
         return bytes([len(b)]) + b
+
     return b"\x00" + s(name) + s(value)
 
 
@@ -346,12 +416,23 @@ def cri_version_probe(sock_path: str | Path, timeout: float = 2.0) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.connect(str(sock_path))
-            headers = b"".join(_hpack_literal(k, v) for k, v in (
-                (":method", "POST"), (":scheme", "http"),
-                (":path", "/runtime.v1.RuntimeService/Version"), (":authority", "localhost"),
-                ("content-type", "application/grpc"), ("te", "trailers")))
-            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b"")
-                      + _h2_frame(1, 0x4, 1, headers) + _h2_frame(0, 0x1, 1, b"\x00" * 5))
+            headers = b"".join(
+                _hpack_literal(k, v)
+                for k, v in (
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", "/runtime.v1.RuntimeService/Version"),
+                    (":authority", "localhost"),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                )
+            )
+            s.sendall(
+                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                + _h2_frame(4, 0, 0, b"")
+                + _h2_frame(1, 0x4, 1, headers)
+                + _h2_frame(0, 0x1, 1, b"\x00" * 5)
+            )
             buf = b""
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -365,14 +446,13 @@ def cri_version_probe(sock_path: str | Path, timeout: float = 2.0) -> bool:
                         break
                     ftype, flags = buf[3], buf[4]
                     stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
-                    buf = buf[9 + length:]
+                    buf = buf[9 + length :]
                     if ftype == 4 and not flags & 1:  # SETTINGS -> ACK
                         s.sendall(_h2_frame(4, 1, 0, b""))
                     elif ftype == 0 and stream == 1 and length > 5:  # DATA: a reply message
                         return True
-                    elif ftype == 1 and stream == 1 and flags & 1:  # trailers-only: error
-                        return False
-                    elif ftype in (3, 7):  # RST_STREAM, GOAWAY
+                    elif (ftype == 1 and stream == 1 and flags & 1) or ftype in (3, 7):
+                        # trailers-only (an error status), RST_STREAM, GOAWAY
                         return False
     except OSError:
         return False
@@ -380,6 +460,7 @@ def cri_version_probe(sock_path: str | Path, timeout: float = 2.0) -> bool:
 
 
 # --------------------------------------------------------------------------- system helpers
+
 
 def _cgroup_mounts() -> list[Path]:
     mounts = []
@@ -479,6 +560,7 @@ def _kill(pids: list[int], sig: int) -> None:
 
 # --------------------------------------------------------------------------- the env
 
+
 class ContainerdEnv:
     """A containerd 1.7 daemon with NRI enabled, everything under ``work_dir``.
 
@@ -487,8 +569,13 @@ class ContainerdEnv:
     >>> env.stop()
     """
 
-    def __init__(self, cache_dir: Path | str | None = None, work_dir: Path | str = "",
-                 *, log_level: str = "info") -> None:
+    def __init__(
+        self,
+        cache_dir: Path | str | None = None,
+        work_dir: Path | str = "",
+        *,
+        log_level: str = "info",
+    ) -> None:
         if not work_dir:
             raise ValueError("work_dir is required")
         self.cache_dir = Path(cache_dir or DEFAULT_CACHE).expanduser().resolve()
@@ -553,9 +640,10 @@ class ContainerdEnv:
             return ""
 
     # ---- state shared with `down` in another process
-    def _state(self) -> dict:  # type: ignore[type-arg]
+    def _state(self) -> dict[str, Any]:
         try:
-            return json.loads((self.work_dir / STATE_FILE).read_text())
+            st: dict[str, Any] = json.loads((self.work_dir / STATE_FILE).read_text())
+            return st
         except (OSError, ValueError):
             return {}
 
@@ -627,7 +715,7 @@ disabled_plugins = [
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
           Root = "{self.runc_root}"
-          BinaryName = "{self.bins.get('runc', 'runc')}"
+          BinaryName = "{self.bins.get("runc", "runc")}"
 
     [plugins."io.containerd.grpc.v1.cri".registry]
       config_path = ""
@@ -646,14 +734,26 @@ disabled_plugins = [
             env.pop(k, None)
         return env
 
-    def ctr(self, *args: str, namespace: str = K8S_NAMESPACE, check: bool = True,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def ctr(
+        self, *args: str, namespace: str = K8S_NAMESPACE, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this daemon."""
-        return _run([str(self.bins["ctr"]), "--address", str(self.cri_socket), "-n", namespace,
-                     *args], env=self._env(), check=check, timeout=timeout)
+        return _run(
+            [str(self.bins["ctr"]), "--address", str(self.cri_socket), "-n", namespace, *args],
+            env=self._env(),
+            check=check,
+            timeout=timeout,
+        )
 
     # ---- lifecycle
-    def start(self, *, fetch_missing: bool = True, timeout: float = 60) -> ContainerdEnv:
+    def start(
+        self, *, fetch_missing: bool = True, fresh: bool = True, timeout: float = 60
+    ) -> ContainerdEnv:
+        """Write the config, start containerd, wait for CRI, import the two images.
+
+        ``fresh``: wipe containerd's root/state/runc dirs left in ``work_dir`` by an
+        earlier run (otherwise containerd restores that run's dead pods).
+        """
         if os.geteuid() != 0:
             raise EnvError("containerd needs root")
         if fetch_missing:
@@ -663,17 +763,42 @@ disabled_plugins = [
         if self._proc is not None and self._proc.poll() is None:
             raise EnvError("already started")
         w = self.work_dir
-        for d in (w, self.nri_plugin_path, self.nri_plugin_config_path, w / "cni" / "bin",
-                  w / "cni" / "net.d", self.pod_log_dir, self.runc_root):
-            d.mkdir(parents=True, exist_ok=True)
         st = self._state()
-        if "cgroups_before" not in st:
-            # what existed before our first start: stop() leaves these alone
-            self._save_state(cgroups_before=_cgroup_dirs(), run_before=_run_entries(),
-                             run_containerd_existed=RUN_CONTAINERD.exists())
-        self._save_state(runc=str(self.bins["runc"]),
-                         shim=str(self.bins["containerd-shim-runc-v2"]),
-                         config=str(self.config_path), address=str(self.cri_socket))
+        if st and not st.get("stopped_clean", False):
+            # an earlier run in this work dir was not stopped (or not cleanly): clean up
+            # with that run's snapshot first
+            _log(f"cleaning up an earlier run in {w}")
+            self.stop()
+        if fresh:
+            if _mounts_under(w):
+                raise EnvError(f"mounts left under {w}; run stop()/`down` first")
+            for d in (w / "root", w / "state", self.runc_root, self.pod_log_dir):
+                shutil.rmtree(d, ignore_errors=True)
+        for d in (
+            w,
+            self.nri_plugin_path,
+            self.nri_plugin_config_path,
+            w / "cni" / "bin",
+            w / "cni" / "net.d",
+            self.pod_log_dir,
+            self.runc_root,
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        # what exists before this start: stop() and leftovers() leave these alone
+        with contextlib.suppress(OSError):
+            (w / STATE_FILE).unlink()
+        self._save_state(
+            cgroups_before=_cgroup_dirs(),
+            run_before=_run_entries(),
+            run_containerd_existed=RUN_CONTAINERD.exists(),
+            stopped_clean=False,
+        )
+        self._save_state(
+            runc=str(self.bins["runc"]),
+            shim=str(self.bins["containerd-shim-runc-v2"]),
+            config=str(self.config_path),
+            address=str(self.cri_socket),
+        )
         self.config_path.write_text(self.config_toml())
         self._start_daemon(timeout)
         for name in ("pause.tar", "busybox.tar"):
@@ -687,20 +812,25 @@ disabled_plugins = [
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115
         self._proc = subprocess.Popen(
             [str(self.bins["containerd"]), "--config", str(self.config_path)],
-            stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
-            env=self._env(), cwd=self.work_dir, start_new_session=True)  # = setsid
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            env=self._env(),
+            cwd=self.work_dir,
+            start_new_session=True,
+        )  # = setsid
         (self.work_dir / "containerd.pid").write_text(f"{self._proc.pid}\n")
         self._save_state(pid=self._proc.pid)
         deadline = time.monotonic() + timeout
         while True:
             if self._proc.poll() is not None:
-                raise EnvError(f"containerd exited with {self._proc.returncode}:\n"
-                               + self.log_text()[-4000:])
+                raise EnvError(
+                    f"containerd exited with {self._proc.returncode}:\n" + self.log_text()[-4000:]
+                )
             if self.cri_socket.exists() and cri_version_probe(self.cri_socket):
                 return
             if time.monotonic() > deadline:
-                raise EnvError(f"CRI did not answer within {timeout}s:\n"
-                               + self.log_text()[-4000:])
+                raise EnvError(f"CRI did not answer within {timeout}s:\n" + self.log_text()[-4000:])
             time.sleep(0.1)
 
     def restart_daemon(self, timeout: float = 60) -> None:
@@ -754,9 +884,9 @@ disabled_plugins = [
         tasks: set[tuple[str, str]] = set()
         task_dir = self.work_dir / "state" / "io.containerd.runtime.v2.task"
         if task_dir.is_dir():
-            for ns in task_dir.iterdir():
-                if ns.is_dir():
-                    tasks.update((ns.name, b.name) for b in ns.iterdir())
+            for nsdir in task_dir.iterdir():
+                if nsdir.is_dir():
+                    tasks.update((nsdir.name, b.name) for b in nsdir.iterdir())
         shims = self._shim_pids()
         for pid in shims:
             cmd = _cmdline(pid)
@@ -772,8 +902,11 @@ disabled_plugins = [
                         state = json.loads((cdir / "state.json").read_text())
                         cgroups.update(state.get("cgroup_paths", {}).values())
                     if runc:
-                        _run([runc, "--root", str(root), "delete", "--force", cdir.name],
-                             check=False, timeout=30)
+                        _run(
+                            [runc, "--root", str(root), "delete", "--force", cdir.name],
+                            check=False,
+                            timeout=30,
+                        )
         _kill(shims, signal.SIGKILL)
         _wait_gone(shims, 5)
         pids: set[int] = set()
@@ -795,23 +928,27 @@ disabled_plugins = [
             with contextlib.suppress(OSError):
                 sock.unlink()
         run_before = set(st.get("run_before") or [])
-        for d in [*(RUN_CONTAINERD / s for s in RUN_SUBDIRS), RUN_CONTAINERD]:
-            if str(d) not in run_before:
+        for rd in [*(RUN_CONTAINERD / s for s in RUN_SUBDIRS), RUN_CONTAINERD]:
+            if str(rd) not in run_before:
                 with contextlib.suppress(OSError):
-                    d.rmdir()
+                    rd.rmdir()
 
         # cgroups: our containers', then their parents and new empty ones, leaves first
         before = set(st.get("cgroups_before") or [])
         cand = set(cgroups)
+        tops = {str(m / n) for m in _cgroup_mounts() for n in CGROUP_NAMES}
         for d in cgroups:
+            # parents up to <hierarchy>/kubepods or <hierarchy>/k8s.io, nothing else
+            if not any(d.startswith(t + "/") for t in tops):
+                continue
             p = Path(d).parent
-            while p.name and str(p) not in before and p.parent != p:
+            while str(p) not in before:
                 cand.add(str(p))
-                if p.name in CGROUP_NAMES and p.parent in _cgroup_mounts():
+                if str(p) in tops:
                     break
                 p = p.parent
         cand.update(d for d in _cgroup_dirs() if d not in before)
-        left = []
+        left: list[str] = []
         for _attempt in range(30):
             left = []
             for d in sorted(cand, key=lambda p: p.count("/"), reverse=True):
@@ -833,12 +970,10 @@ disabled_plugins = [
             with contextlib.suppress(OSError):
                 sock.unlink()
         left_over = self.leftovers()
-        if not any(left_over.values()):
-            # clean: the next start() takes a new snapshot
-            with contextlib.suppress(OSError):
-                (self.work_dir / STATE_FILE).unlink()
-        else:
-            self._save_state(pid=None)
+        clean = not any(left_over.values())
+        if self.work_dir.is_dir():
+            self._save_state(pid=None, stopped_clean=clean)
+        if not clean:
             _log(f"left behind: {left_over}")
 
     def leftovers(self) -> dict[str, list[str]]:
@@ -862,6 +997,7 @@ disabled_plugins = [
 
 
 # --------------------------------------------------------------------------- CLI
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -12,6 +12,8 @@ never set a hostname (runc refuses a hostname without a private UTS namespace).
     cri.cleanup()                       # stop + remove every pod of this daemon
 """
 
+# grpc stubs are untyped: their results are Any
+# mypy: disable-error-code="no-any-return,no-untyped-call"
 from __future__ import annotations
 
 import re
@@ -20,9 +22,9 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
-
 from nri_framework.pb import cri_pb2 as pb
 from nri_framework.pb import cri_pb2_grpc as pb_grpc
 
@@ -72,26 +74,43 @@ def read_cri_log(path: str | Path, stream: str | None = None) -> list[str]:
     return [ln.text for ln in parse_cri_log(text) if stream is None or ln.stream == stream]
 
 
-def _ns_options(pid: int = pb.CONTAINER, ipc: int = pb.POD) -> pb.NamespaceOption:
+def _ns_options(
+    pid: pb.NamespaceMode = pb.CONTAINER, ipc: pb.NamespaceMode = pb.POD
+) -> pb.NamespaceOption:
     return pb.NamespaceOption(network=pb.NODE, pid=pid, ipc=ipc)
 
 
-def resources(*, cpu_shares: int = 0, cpu_quota: int = 0, cpu_period: int = 0,
-              cpuset_cpus: str = "", cpuset_mems: str = "", memory_limit: int = 0,
-              memory_swap_limit: int = 0, oom_score_adj: int = 0,
-              unified: Mapping[str, str] | None = None) -> pb.LinuxContainerResources:
+def resources(
+    *,
+    cpu_shares: int = 0,
+    cpu_quota: int = 0,
+    cpu_period: int = 0,
+    cpuset_cpus: str = "",
+    cpuset_mems: str = "",
+    memory_limit: int = 0,
+    memory_swap_limit: int = 0,
+    oom_score_adj: int = 0,
+    unified: Mapping[str, str] | None = None,
+) -> pb.LinuxContainerResources:
     return pb.LinuxContainerResources(
-        cpu_shares=cpu_shares, cpu_quota=cpu_quota, cpu_period=cpu_period,
-        cpuset_cpus=cpuset_cpus, cpuset_mems=cpuset_mems, memory_limit_in_bytes=memory_limit,
-        memory_swap_limit_in_bytes=memory_swap_limit, oom_score_adj=oom_score_adj,
-        unified=dict(unified or {}))
+        cpu_shares=cpu_shares,
+        cpu_quota=cpu_quota,
+        cpu_period=cpu_period,
+        cpuset_cpus=cpuset_cpus,
+        cpuset_mems=cpuset_mems,
+        memory_limit_in_bytes=memory_limit,
+        memory_swap_limit_in_bytes=memory_swap_limit,
+        oom_score_adj=oom_score_adj,
+        unified=dict(unified or {}),
+    )
 
 
 class CRIClient:
     """Blocking CRI client.  Every call takes ``timeout`` seconds at most."""
 
-    def __init__(self, socket_path: str | Path, *, log_root: str | Path | None = None,
-                 timeout: float = 30.0) -> None:
+    def __init__(
+        self, socket_path: str | Path, *, log_root: str | Path | None = None, timeout: float = 30.0
+    ) -> None:
         self.socket_path = str(socket_path)
         self.timeout = timeout
         self.log_root = Path(log_root) if log_root else Path("/tmp/nri-e2e-pod-logs")
@@ -119,19 +138,26 @@ class CRIClient:
         return list(self.images.ListImages(pb.ListImagesRequest(), timeout=self.timeout).images)
 
     def image_status(self, image: str) -> pb.Image | None:
-        r = self.images.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=image)),
-                                    timeout=self.timeout)
+        r = self.images.ImageStatus(
+            pb.ImageStatusRequest(image=pb.ImageSpec(image=image)), timeout=self.timeout
+        )
         return r.image if r.HasField("image") else None
 
     # ---- pods
-    def pod_config(self, name: str, namespace: str = "default", uid: str | None = None,
-                   annotations: Mapping[str, str] | None = None,
-                   labels: Mapping[str, str] | None = None,
-                   cgroup_parent: str | None = None, *, attempt: int = 0,
-                   log_directory: str | Path | None = None,
-                   overhead: pb.LinuxContainerResources | None = None,
-                   pod_resources: pb.LinuxContainerResources | None = None,
-                   ) -> pb.PodSandboxConfig:
+    def pod_config(
+        self,
+        name: str,
+        namespace: str = "default",
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        cgroup_parent: str | None = None,
+        *,
+        attempt: int = 0,
+        log_directory: str | Path | None = None,
+        overhead: pb.LinuxContainerResources | None = None,
+        pod_resources: pb.LinuxContainerResources | None = None,
+    ) -> pb.PodSandboxConfig:
         """A host-network PodSandboxConfig without hostname.
 
         ``cgroup_parent`` defaults to ``/kubepods/pod<uid>`` (kubelet, cgroupfs driver);
@@ -152,54 +178,71 @@ class CRIClient:
         if pod_resources is not None:
             linux.resources.CopyFrom(pod_resources)
         return pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace,
-                                           attempt=attempt),
+            metadata=pb.PodSandboxMetadata(
+                name=name, uid=uid, namespace=namespace, attempt=attempt
+            ),
             log_directory=str(log_directory),
             labels=dict(labels or {}),
             annotations=dict(annotations or {}),
             linux=linux,
         )
 
-    def run_pod(self, name: str, namespace: str = "default", uid: str | None = None,
-                annotations: Mapping[str, str] | None = None,
-                labels: Mapping[str, str] | None = None, cgroup_parent: str | None = None,
-                **kw: object) -> Pod:
+    def run_pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        cgroup_parent: str | None = None,
+        **kw: Any,
+    ) -> Pod:
         """RunPodSandbox; returns ``Pod(id, config)``.  ``kw`` goes to ``pod_config``."""
-        config = self.pod_config(name, namespace, uid, annotations, labels, cgroup_parent,
-                                 **kw)  # type: ignore[arg-type]
-        r = self.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config),
-                                       timeout=self.timeout)
+        config = self.pod_config(name, namespace, uid, annotations, labels, cgroup_parent, **kw)
+        r = self.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=self.timeout)
         return Pod(r.pod_sandbox_id, config)
 
     def stop_pod(self, pod_id: str) -> None:
-        self.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id),
-                                    timeout=self.timeout)
+        self.runtime.StopPodSandbox(
+            pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=self.timeout
+        )
 
     def remove_pod(self, pod_id: str) -> None:
-        self.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
-                                      timeout=self.timeout)
+        self.runtime.RemovePodSandbox(
+            pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=self.timeout
+        )
 
     def pod_status(self, pod_id: str, verbose: bool = False) -> pb.PodSandboxStatusResponse:
         return self.runtime.PodSandboxStatus(
-            pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=verbose),
-            timeout=self.timeout)
+            pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=verbose), timeout=self.timeout
+        )
 
     def list_pods(self) -> list[pb.PodSandbox]:
-        return list(self.runtime.ListPodSandbox(pb.ListPodSandboxRequest(),
-                                                timeout=self.timeout).items)
+        return list(
+            self.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=self.timeout).items
+        )
 
     # ---- containers
-    def container_config(self, name: str, image: str = BUSYBOX_IMAGE,
-                         command: Iterable[str] | None = None, *,
-                         args: Iterable[str] | None = None,
-                         cpu_shares: int = 0, cpu_quota: int = 0, cpu_period: int = 0,
-                         cpuset_cpus: str = "", cpuset_mems: str = "", memory_limit: int = 0,
-                         memory_swap_limit: int = 0,
-                         annotations: Mapping[str, str] | None = None,
-                         labels: Mapping[str, str] | None = None,
-                         log_path: str | None = None,
-                         envs: Mapping[str, str] | None = None, attempt: int = 0,
-                         ) -> pb.ContainerConfig:
+    def container_config(
+        self,
+        name: str,
+        image: str = BUSYBOX_IMAGE,
+        command: Iterable[str] | None = None,
+        *,
+        args: Iterable[str] | None = None,
+        cpu_shares: int = 0,
+        cpu_quota: int = 0,
+        cpu_period: int = 0,
+        cpuset_cpus: str = "",
+        cpuset_mems: str = "",
+        memory_limit: int = 0,
+        memory_swap_limit: int = 0,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        log_path: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        attempt: int = 0,
+    ) -> pb.ContainerConfig:
         return pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=attempt),
             image=pb.ImageSpec(image=image),
@@ -210,78 +253,118 @@ class CRIClient:
             annotations=dict(annotations or {}),
             log_path=log_path if log_path is not None else f"{name}_{attempt}.log",
             linux=pb.LinuxContainerConfig(
-                resources=resources(cpu_shares=cpu_shares, cpu_quota=cpu_quota,
-                                    cpu_period=cpu_period, cpuset_cpus=cpuset_cpus,
-                                    cpuset_mems=cpuset_mems, memory_limit=memory_limit,
-                                    memory_swap_limit=memory_swap_limit),
-                security_context=pb.LinuxContainerSecurityContext(
-                    namespace_options=_ns_options()),
+                resources=resources(
+                    cpu_shares=cpu_shares,
+                    cpu_quota=cpu_quota,
+                    cpu_period=cpu_period,
+                    cpuset_cpus=cpuset_cpus,
+                    cpuset_mems=cpuset_mems,
+                    memory_limit=memory_limit,
+                    memory_swap_limit=memory_swap_limit,
+                ),
+                security_context=pb.LinuxContainerSecurityContext(namespace_options=_ns_options()),
             ),
         )
 
-    def create_container(self, pod_id: str, pod_config: pb.PodSandboxConfig, name: str,
-                         image: str = BUSYBOX_IMAGE, command: Iterable[str] | None = None,
-                         cpu_shares: int = 0, cpu_quota: int = 0, cpu_period: int = 0,
-                         cpuset_cpus: str = "", memory_limit: int = 0,
-                         annotations: Mapping[str, str] | None = None,
-                         log_path: str | None = None, **kw: object) -> str:
+    def create_container(
+        self,
+        pod_id: str,
+        pod_config: pb.PodSandboxConfig,
+        name: str,
+        image: str = BUSYBOX_IMAGE,
+        command: Iterable[str] | None = None,
+        cpu_shares: int = 0,
+        cpu_quota: int = 0,
+        cpu_period: int = 0,
+        cpuset_cpus: str = "",
+        memory_limit: int = 0,
+        annotations: Mapping[str, str] | None = None,
+        log_path: str | None = None,
+        **kw: Any,
+    ) -> str:
         """CreateContainer; returns the container id.
 
         ``log_path`` is relative to the pod's ``log_directory`` (default ``<name>_0.log``).
         ``kw``: args, cpuset_mems, memory_swap_limit, labels, envs, attempt.
         """
         config = self.container_config(
-            name, image, command, cpu_shares=cpu_shares, cpu_quota=cpu_quota,
-            cpu_period=cpu_period, cpuset_cpus=cpuset_cpus, memory_limit=memory_limit,
-            annotations=annotations, log_path=log_path, **kw)  # type: ignore[arg-type]
+            name,
+            image,
+            command,
+            cpu_shares=cpu_shares,
+            cpu_quota=cpu_quota,
+            cpu_period=cpu_period,
+            cpuset_cpus=cpuset_cpus,
+            memory_limit=memory_limit,
+            annotations=annotations,
+            log_path=log_path,
+            **kw,
+        )
         r = self.runtime.CreateContainer(
-            pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
-                                      sandbox_config=pod_config),
-            timeout=self.timeout)
+            pb.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config
+            ),
+            timeout=self.timeout,
+        )
         return r.container_id
 
     def start_container(self, container_id: str) -> None:
-        self.runtime.StartContainer(pb.StartContainerRequest(container_id=container_id),
-                                    timeout=self.timeout)
+        self.runtime.StartContainer(
+            pb.StartContainerRequest(container_id=container_id), timeout=self.timeout
+        )
 
     def stop_container(self, container_id: str, timeout: int = 2) -> None:
         """StopContainer: SIGTERM, then SIGKILL after ``timeout`` s (a shell as PID 1
         ignores SIGTERM unless it traps it)."""
         self.runtime.StopContainer(
             pb.StopContainerRequest(container_id=container_id, timeout=timeout),
-            timeout=self.timeout + timeout)
+            timeout=self.timeout + timeout,
+        )
 
     def remove_container(self, container_id: str) -> None:
-        self.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=container_id),
-                                     timeout=self.timeout)
+        self.runtime.RemoveContainer(
+            pb.RemoveContainerRequest(container_id=container_id), timeout=self.timeout
+        )
 
-    def update_container_resources(self, container_id: str,
-                                   linux: pb.LinuxContainerResources | None = None, *,
-                                   annotations: Mapping[str, str] | None = None,
-                                   **res: object) -> None:
+    def update_container_resources(
+        self,
+        container_id: str,
+        linux: pb.LinuxContainerResources | None = None,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        **res: Any,
+    ) -> None:
         """UpdateContainerResources with ``linux`` or keyword resources (see ``resources()``)."""
         if linux is None:
-            linux = resources(**res)  # type: ignore[arg-type]
+            linux = resources(**res)
         self.runtime.UpdateContainerResources(
-            pb.UpdateContainerResourcesRequest(container_id=container_id, linux=linux,
-                                               annotations=dict(annotations or {})),
-            timeout=self.timeout)
+            pb.UpdateContainerResourcesRequest(
+                container_id=container_id, linux=linux, annotations=dict(annotations or {})
+            ),
+            timeout=self.timeout,
+        )
 
     def container_status(self, container_id: str, verbose: bool = False) -> pb.ContainerStatus:
         return self.runtime.ContainerStatus(
             pb.ContainerStatusRequest(container_id=container_id, verbose=verbose),
-            timeout=self.timeout).status
+            timeout=self.timeout,
+        ).status
 
     def list_containers(self, pod_id: str = "") -> list[pb.Container]:
         flt = pb.ContainerFilter(pod_sandbox_id=pod_id)
-        return list(self.runtime.ListContainers(pb.ListContainersRequest(filter=flt),
-                                                timeout=self.timeout).containers)
+        return list(
+            self.runtime.ListContainers(
+                pb.ListContainersRequest(filter=flt), timeout=self.timeout
+            ).containers
+        )
 
-    def exec_sync(self, container_id: str, cmd: Iterable[str],
-                  timeout: int = 10) -> pb.ExecSyncResponse:
+    def exec_sync(
+        self, container_id: str, cmd: Iterable[str], timeout: int = 10
+    ) -> pb.ExecSyncResponse:
         return self.runtime.ExecSync(
             pb.ExecSyncRequest(container_id=container_id, cmd=list(cmd), timeout=timeout),
-            timeout=self.timeout + timeout)
+            timeout=self.timeout + timeout,
+        )
 
     # ---- output
     def container_log_path(self, container_id: str) -> Path:
@@ -291,8 +374,9 @@ class CRIClient:
         """The container's output lines so far, from its CRI log file."""
         return read_cri_log(self.container_log_path(container_id), stream)
 
-    def wait_for_output(self, container_id: str,
-                        match: str | Callable[[str], bool], timeout: float = 20.0) -> str:
+    def wait_for_output(
+        self, container_id: str, match: str | Callable[[str], bool], timeout: float = 20.0
+    ) -> str:
         """Wait for an output line containing ``match`` (or for which ``match(line)``)."""
         pred = match if callable(match) else (lambda line: match in line)
         path = self.container_log_path(container_id)
@@ -306,7 +390,8 @@ class CRIClient:
                 raise TimeoutError(
                     f"no output line matching {match!r} from {container_id[:12]} in {timeout}s;"
                     f" state={pb.ContainerState.Name(st.state)} exit={st.exit_code}"
-                    f" reason={st.reason!r}; output so far: {read_cri_log(path)!r}")
+                    f" reason={st.reason!r}; output so far: {read_cri_log(path)!r}"
+                )
             time.sleep(0.1)
 
     # ---- teardown

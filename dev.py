@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Set up and run nri-resource-policy with nothing but python3.
+
+    python3 dev.py demo   # the main job: a simulated node, the plugin, pods
+    python3 dev.py test   # the whole test suite (every tox tier)
+
+Works on a fresh Debian 12 with only ``python3``: when ``ensurepip`` is
+missing (Debian's python3-venv not installed) the virtual environment is
+created without pip and pip is installed from its wheel on PyPI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("NRI_DEV_VENV", ROOT / ".venv"))
+INDEX = os.environ.get("NRI_DEV_PYPI", "https://pypi.org/pypi")
+TOX = "tox>=4.20,<5"
+
+
+def say(msg: str) -> None:
+    print(f"dev.py: {msg}", flush=True)
+
+
+def venv_python(env: Path) -> Path:
+    return env / "bin" / "python"
+
+
+def fetch_pip_wheel(dest: Path) -> Path:
+    """Download the newest pip wheel from PyPI (stdlib only)."""
+    with urllib.request.urlopen(f"{INDEX}/pip/json", timeout=60) as resp:
+        meta = json.load(resp)
+    for f in meta["urls"]:
+        if f["packagetype"] == "bdist_wheel":
+            path = dest / f["filename"]
+            with urllib.request.urlopen(f["url"], timeout=120) as resp, open(path, "wb") as out:
+                shutil.copyfileobj(resp, out)
+            return path
+    raise SystemExit("dev.py: no pip wheel found on PyPI")
+
+
+def ensure_venv(env: Path) -> Path:
+    py = venv_python(env)
+    if py.exists() and subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        return py
+    say(f"creating virtual environment {env}")
+    try:
+        venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    except (subprocess.CalledProcessError, OSError):
+        venv.EnvBuilder(with_pip=False, clear=True).create(env)
+    if subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        say("ensurepip is not available: installing pip from its wheel on PyPI")
+        with tempfile.TemporaryDirectory() as tmp:
+            wheel = fetch_pip_wheel(Path(tmp))
+            subprocess.run([py, f"{wheel}/pip", "install", "--quiet", str(wheel)], check=True)
+    return py
+
+
+def pip_install(py: Path, *args: str) -> None:
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
+
+
+def cmd_demo(rest: list[str]) -> int:
+    py = ensure_venv(VENV)
+    say("installing nri-resource-policy into the virtual environment")
+    pip_install(py, "-e", str(ROOT))
+    return subprocess.call([VENV / "bin" / "nri-resource-policy", "demo", *rest])
+
+
+def cmd_test(rest: list[str]) -> int:
+    py = ensure_venv(VENV)
+    pip_install(py, TOX)
+    tox = [py, "-m", "tox", "--workdir", str(ROOT / ".tox")]
+    envs = rest or ["ALL"]
+    if envs == ["ALL"]:
+        # the envlist (unit + integration on every installed Python, lint, type),
+        # then the tiers that need more than a Python: real containerd, benchmarks
+        rc = subprocess.call([*tox, "run-parallel", "-p", "2", "--parallel-no-spinner"], cwd=ROOT)
+        rc2 = subprocess.call([*tox, "run", "-e", "e2e,bench"], cwd=ROOT)
+        return rc or rc2
+    return subprocess.call([*tox, "run", "-e", ",".join(envs)], cwd=ROOT)
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test"):
+        print(__doc__.strip())
+        return 2
+    command, rest = sys.argv[1], sys.argv[2:]
+    return cmd_demo(rest) if command == "demo" else cmd_test(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

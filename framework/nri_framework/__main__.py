@@ -1,0 +1,5 @@
+import sys
+
+from nri_framework.cli import main
+
+sys.exit(main())

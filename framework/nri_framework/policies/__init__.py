@@ -1,0 +1,1 @@
+"""Policies that ship with the framework (the balloons policy lives in ``nri_balloons``)."""

@@ -1,0 +1,1 @@
+"""nri_balloons: the balloons policy (not yet implemented)."""
