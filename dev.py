@@ -50,7 +50,10 @@ def fetch_pip_wheel(dest: Path) -> Path:
 
 def ensure_venv(env: Path) -> Path:
     py = venv_python(env)
-    if py.exists() and subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+    if (
+        py.exists()
+        and subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    ):
         return py
     say(f"creating virtual environment {env}")
     try:
@@ -66,7 +69,9 @@ def ensure_venv(env: Path) -> Path:
 
 
 def pip_install(py: Path, *args: str) -> None:
-    subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
+    subprocess.run(
+        [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True
+    )
 
 
 def cmd_demo(rest: list[str]) -> int:

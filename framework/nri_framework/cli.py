@@ -20,7 +20,9 @@ log = logging.getLogger("nri_framework.cli")
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run a policy as an NRI plugin")
     p.add_argument("--policy", required=True, help="policy name (entry point)")
-    p.add_argument("--nri-socket", default=DEFAULT_SOCKET, help="runtime NRI socket (external mode)")
+    p.add_argument(
+        "--nri-socket", default=DEFAULT_SOCKET, help="runtime NRI socket (external mode)"
+    )
     p.add_argument("--nri-plugin-name", default="resource-policy")
     p.add_argument("--nri-plugin-index", default="90", help="two digits")
     p.add_argument("--state-dir", default="/var/lib/nri-resource-policy")
@@ -66,7 +68,9 @@ async def serve(host: PolicyHost, opts: StubOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stub.stop)
-    mode = f"pre-launched (fd {opts.fd})" if opts.fd is not None else f"external ({opts.socket_path})"
+    mode = (
+        f"pre-launched (fd {opts.fd})" if opts.fd is not None else f"external ({opts.socket_path})"
+    )
     log.info("nri-resource-policy %s starting policy %s, %s", __version__, host.policy_name, mode)
     try:
         return await stub.run()
@@ -92,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_parser(sub)
     sub.add_parser("policies", help="list installed policies, versions and hooks")
-    sim = sub.add_parser("simulate", help="run Pod YAML through the runtime simulator", add_help=False)
+    sim = sub.add_parser(
+        "simulate", help="run Pod YAML through the runtime simulator", add_help=False
+    )
     sim.add_argument("rest", nargs=argparse.REMAINDER)
     demo = sub.add_parser("demo", help="run a demo scenario", add_help=False)
     demo.add_argument("rest", nargs=argparse.REMAINDER)
@@ -111,10 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "simulate":
         from nri_framework.simulate.scenario import main as simulate_main
 
-        return simulate_main(args.rest)
+        rc: int = simulate_main(args.rest)
+        return rc
     if args.command == "demo":
         from nri_framework.demo import main as demo_main
 
-        return demo_main(args.rest)
+        rc = demo_main(args.rest)
+        return rc
     parser.error(f"unknown command {args.command}")
     return 2

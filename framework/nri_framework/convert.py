@@ -6,6 +6,8 @@ or the policies imports :mod:`nri_framework.pb`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from nri_framework.model import (
     Adjustment,
     Container,
@@ -33,8 +35,9 @@ _MEM_OPT = (
 )
 
 
-def _opt(msg: object, name: str) -> int | bool | None:
-    return getattr(msg, name).value if msg.HasField(name) else None  # type: ignore[attr-defined]
+def _opt(msg: Any, name: str) -> Any:
+    """The value of an ``Optional*`` wrapper field, ``None`` when absent."""
+    return getattr(msg, name).value if msg.HasField(name) else None
 
 
 def resources_from_pb(r: pb.LinuxResources) -> Resources:
@@ -42,18 +45,18 @@ def resources_from_pb(r: pb.LinuxResources) -> Resources:
     if r.HasField("cpu"):
         c = r.cpu
         cpu = CpuResources(
-            shares=_opt(c, "shares"),  # type: ignore[arg-type]
-            quota=_opt(c, "quota"),  # type: ignore[arg-type]
-            period=_opt(c, "period"),  # type: ignore[arg-type]
-            realtime_runtime=_opt(c, "realtime_runtime"),  # type: ignore[arg-type]
-            realtime_period=_opt(c, "realtime_period"),  # type: ignore[arg-type]
+            shares=_opt(c, "shares"),
+            quota=_opt(c, "quota"),
+            period=_opt(c, "period"),
+            realtime_runtime=_opt(c, "realtime_runtime"),
+            realtime_period=_opt(c, "realtime_period"),
             cpus=c.cpus,
             mems=c.mems,
         )
     memory = None
     if r.HasField("memory"):
         m = r.memory
-        memory = MemoryResources(**{n: _opt(m, n) for n in _MEM_OPT})  # type: ignore[arg-type]
+        memory = MemoryResources(**{n: _opt(m, n) for n in _MEM_OPT})
     return Resources(
         cpu=cpu,
         memory=memory,

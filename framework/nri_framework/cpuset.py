@@ -51,7 +51,7 @@ def ranges(mask: int) -> Iterator[tuple[int, int]]:
         base += run
 
 
-def format(mask: int) -> str:  # noqa: A001 - the domain's word
+def format(mask: int) -> str:
     """Bitmask -> Linux list format (``"0-3,8"``); ``""`` for the empty set."""
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges(mask))
 

@@ -74,7 +74,9 @@ class Cache:
     def put_container(self, container: Container) -> None:
         self.containers[container.id] = container
 
-    def record(self, container_id: str, resources: Resources | None, container: Container | None = None) -> None:
+    def record(
+        self, container_id: str, resources: Resources | None, container: Container | None = None
+    ) -> None:
         """Remember the cpuset/memset a decision gave ``container_id``."""
         if resources is None or resources.cpu is None:
             return
@@ -197,11 +199,16 @@ class PolicyHost:
         saved = self._saved
         # what we assigned before a restart, for containers that still exist
         self.cache.assigned = {
-            cid: sc for cid, sc in (saved.containers.items() if saved else ()) if cid in self.cache.containers
+            cid: sc
+            for cid, sc in (saved.containers.items() if saved else ())
+            if cid in self.cache.containers
         }
-        updates = self.hook.nri_synchronize(
-            pods=pods, containers=containers, saved_state=saved.policy_state if saved else None
-        ) or []
+        updates = (
+            self.hook.nri_synchronize(
+                pods=pods, containers=containers, saved_state=saved.policy_state if saved else None
+            )
+            or []
+        )
         for u in updates:
             self.cache.record(u.container_id, u.resources)
         self.changed()
@@ -220,9 +227,13 @@ class PolicyHost:
         self.changed()
         return result
 
-    def update_container(self, pod: Pod, container: Container, resources: Resources) -> list[Update]:
+    def update_container(
+        self, pod: Pod, container: Container, resources: Resources
+    ) -> list[Update]:
         self.cache.put_container(container)
-        updates = self.hook.nri_update_container(pod=pod, container=container, resources=resources) or []
+        updates = (
+            self.hook.nri_update_container(pod=pod, container=container, resources=resources) or []
+        )
         for u in updates:
             self.cache.record(u.container_id, u.resources)
         if updates:
@@ -280,7 +291,9 @@ class PolicyHost:
             log.error("ignoring unreadable state file %s: %s", path, exc)
             return None
         if state.version != STATE_VERSION or state.policy != self.policy_name:
-            log.warning("ignoring state file %s of policy %r, version %d", path, state.policy, state.version)
+            log.warning(
+                "ignoring state file %s of policy %r, version %d", path, state.policy, state.version
+            )
             return None
         log.info("loaded state of %d container(s) from %s", len(state.containers), path)
         return state

@@ -50,9 +50,15 @@ def load_policy(name: str) -> object:
 
 
 def implemented_hooks(plugin: object) -> tuple[str, ...]:
-    spec_names = {n for n, v in vars(hookspecs).items() if inspect.isfunction(v) and hasattr(v, f"{hookspecs.PROJECT}_spec")}
+    spec_names = {
+        n
+        for n, v in vars(hookspecs).items()
+        if inspect.isfunction(v) and hasattr(v, f"{hookspecs.PROJECT}_spec")
+    }
     return tuple(
-        sorted(n for n in spec_names if hasattr(getattr(plugin, n, None), f"{hookspecs.PROJECT}_impl"))
+        sorted(
+            n for n in spec_names if hasattr(getattr(plugin, n, None), f"{hookspecs.PROJECT}_impl")
+        )
     )
 
 

@@ -8,18 +8,20 @@ socket the runtime passed as fd 3 (``NRI_PLUGIN_SOCKET``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
 from nri_framework import convert
-from nri_framework.host import PolicyHost
 from nri_framework.hookspecs import PolicyError
+from nri_framework.host import PolicyHost
 from nri_framework.model import Event, Update
 from nri_framework.nri.connection import (
     ConnectionClosed,
@@ -84,6 +86,12 @@ class StubOptions:
 Handler = Callable[[bytes], bytes]
 
 
+def wire(msg: Message) -> bytes:
+    """Serialize a protobuf message (typed for mypy)."""
+    data: bytes = msg.SerializeToString()
+    return data
+
+
 class Session:
     """One connected trunk: the read loop, dispatch of requests, our own calls."""
 
@@ -106,7 +114,7 @@ class Session:
         self.configured = asyncio.Event()
         self.synchronized = asyncio.Event()
         self.closed_reason = ""
-        self.handlers: dict[str, tuple[type[Message], Handler]] = {}
+        self.handlers: dict[str, Handler] = {}
         self._install_handlers()
 
     # -- plumbing ------------------------------------------------------------
@@ -169,20 +177,26 @@ class Session:
     def dispatch(self, ev: RequestReceived) -> None:
         """Answer one request. Handlers are synchronous: decisions never interleave."""
         if ev.service != self.conn.served_service:
-            self.conn.send_response(ev.stream_id, code=Code.UNIMPLEMENTED, message=f"service {ev.service}")
+            self.conn.send_response(
+                ev.stream_id, code=Code.UNIMPLEMENTED, message=f"service {ev.service}"
+            )
             return
         entry = self.handlers.get(ev.method)
         if entry is None:
-            self.conn.send_response(ev.stream_id, code=Code.UNIMPLEMENTED, message=f"method {ev.method}")
+            self.conn.send_response(
+                ev.stream_id, code=Code.UNIMPLEMENTED, message=f"method {ev.method}"
+            )
             return
-        req_type, handler = entry
+        handler = entry
         try:
-            payload = handler(ev.payload) if req_type is None else handler(ev.payload)
+            payload = handler(ev.payload)
         except TtrpcError as exc:
             self.conn.send_response(ev.stream_id, code=exc.code, message=exc.message)
         except DecodeError as exc:
             log.warning("%s: undecodable request: %s", ev.method, exc)
-            self.conn.send_response(ev.stream_id, code=Code.INVALID_ARGUMENT, message=f"{ev.method}: {exc}")
+            self.conn.send_response(
+                ev.stream_id, code=Code.INVALID_ARGUMENT, message=f"{ev.method}: {exc}"
+            )
         except PolicyError as exc:
             log.error("%s: %s", ev.method, exc)
             self.conn.send_response(ev.stream_id, code=Code.UNKNOWN, message=str(exc))
@@ -196,14 +210,14 @@ class Session:
 
     def _install_handlers(self) -> None:
         h = self.handlers
-        h["Configure"] = (pb.ConfigureRequest, self.on_configure)
-        h["Synchronize"] = (pb.SynchronizeRequest, self.on_synchronize)
-        h["Shutdown"] = (pb.Empty, self.on_shutdown)
-        h["CreateContainer"] = (pb.CreateContainerRequest, self.on_create_container)
-        h["UpdateContainer"] = (pb.UpdateContainerRequest, self.on_update_container)
-        h["StopContainer"] = (pb.StopContainerRequest, self.on_stop_container)
-        h["StateChange"] = (pb.StateChangeEvent, self.on_state_change)
-        h["UpdatePodSandbox"] = (pb.UpdatePodSandboxRequest, self.on_update_pod_sandbox)
+        h["Configure"] = self.on_configure
+        h["Synchronize"] = self.on_synchronize
+        h["Shutdown"] = self.on_shutdown
+        h["CreateContainer"] = self.on_create_container
+        h["UpdateContainer"] = self.on_update_container
+        h["StopContainer"] = self.on_stop_container
+        h["StateChange"] = self.on_state_change
+        h["UpdatePodSandbox"] = self.on_update_pod_sandbox
         # v0.12 dedicated event RPCs: served only when some hook wants the
         # event; otherwise UNIMPLEMENTED makes the runtime fall back to StateChange.
         for method, event, req_type in (
@@ -219,18 +233,17 @@ class Session:
         ):
             hook = getattr(self.host.hook, f"nri_{event.name.lower()}", None)
             if hook is not None and hook.get_hookimpls():
-                h[method] = (req_type, self._dedicated(event, req_type))
+                h[method] = self._dedicated(event, req_type)
 
     def _dedicated(self, event: Event, req_type: type[Message]) -> Handler:
+        has_container = "container" in req_type.DESCRIPTOR.fields_by_name
+
         def handle(payload: bytes) -> bytes:
-            req = req_type()
-            req.ParseFromString(payload)
-            pod = convert.pod_from_pb(req.pod)  # type: ignore[attr-defined]
-            container = (
-                convert.container_from_pb(req.container)  # type: ignore[attr-defined]
-                if req.HasField("container")  # type: ignore[attr-defined]
-                else None
-            ) if "container" in req.DESCRIPTOR.fields_by_name else None
+            req: Any = req_type.FromString(payload)
+            pod = convert.pod_from_pb(req.pod)
+            container = None
+            if has_container and req.HasField("container"):
+                container = convert.container_from_pb(req.container)
             self.host.notify(event, pod, container)
             return b""
 
@@ -249,24 +262,29 @@ class Session:
             events,
         )
         self.configured.set()
-        return pb.ConfigureResponse(events=events).SerializeToString()
+        return wire(pb.ConfigureResponse(events=events))
 
     def on_synchronize(self, payload: bytes) -> bytes:
         req = pb.SynchronizeRequest.FromString(payload)
         self.sync_pods.extend(req.pods)
         self.sync_containers.extend(req.containers)
         if req.more:
-            return pb.SynchronizeResponse(more=True).SerializeToString()
+            return wire(pb.SynchronizeResponse(more=True))
         pods = [convert.pod_from_pb(p) for p in self.sync_pods]
         containers = [convert.container_from_pb(c) for c in self.sync_containers]
         self.sync_pods, self.sync_containers = [], []
         updates = self.host.synchronize(pods, containers)
-        log.info("synchronized %d pod(s), %d container(s), %d update(s)", len(pods), len(containers), len(updates))
+        log.info(
+            "synchronized %d pod(s), %d container(s), %d update(s)",
+            len(pods),
+            len(containers),
+            len(updates),
+        )
         self.synchronized.set()
         resp = pb.SynchronizeResponse()
         for u in updates:
             convert.update_to_pb(u, resp.update.add())
-        return resp.SerializeToString()
+        return wire(resp)
 
     def on_shutdown(self, payload: bytes) -> bytes:
         log.info("runtime asked us to shut down")
@@ -275,8 +293,10 @@ class Session:
 
     def on_create_container(self, payload: bytes) -> bytes:
         req = pb.CreateContainerRequest.FromString(payload)
-        result = self.host.create_container(convert.pod_from_pb(req.pod), convert.container_from_pb(req.container))
-        return convert.create_result_to_pb(result).SerializeToString()
+        result = self.host.create_container(
+            convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
+        )
+        return wire(convert.create_result_to_pb(result))
 
     def on_update_container(self, payload: bytes) -> bytes:
         req = pb.UpdateContainerRequest.FromString(payload)
@@ -288,19 +308,23 @@ class Session:
         resp = pb.UpdateContainerResponse()
         for u in updates:
             convert.update_to_pb(u, resp.update.add())
-        return resp.SerializeToString()
+        return wire(resp)
 
     def on_stop_container(self, payload: bytes) -> bytes:
         req = pb.StopContainerRequest.FromString(payload)
-        updates = self.host.stop_container(convert.pod_from_pb(req.pod), convert.container_from_pb(req.container))
+        updates = self.host.stop_container(
+            convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
+        )
         resp = pb.StopContainerResponse()
         for u in updates:
             convert.update_to_pb(u, resp.update.add())
-        return resp.SerializeToString()
+        return wire(resp)
 
     def on_update_pod_sandbox(self, payload: bytes) -> bytes:
         req = pb.UpdatePodSandboxRequest.FromString(payload)
-        self.host.update_pod_sandbox(convert.pod_from_pb(req.pod), convert.resources_from_pb(req.linux_resources))
+        self.host.update_pod_sandbox(
+            convert.pod_from_pb(req.pod), convert.resources_from_pb(req.linux_resources)
+        )
         return b""
 
     def on_state_change(self, payload: bytes) -> bytes:
@@ -325,7 +349,8 @@ class Session:
         for u in updates:
             convert.update_to_pb(u, req.update.add())
         resp = await self.call("UpdateContainers", req, pb.UpdateContainersResponse)
-        return [convert.update_from_pb(u) for u in resp.failed]  # type: ignore[attr-defined]
+        failed: Any = resp
+        return [convert.update_from_pb(u) for u in failed.failed]
 
 
 class PluginStub:
@@ -341,7 +366,9 @@ class PluginStub:
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.opts.fd is not None:
-            sock = socket.socket(family=socket.AF_UNIX, type=socket.SOCK_STREAM, fileno=self.opts.fd)
+            sock = socket.socket(
+                family=socket.AF_UNIX, type=socket.SOCK_STREAM, fileno=self.opts.fd
+            )
             return await asyncio.open_unix_connection(sock=sock)
         return await asyncio.open_unix_connection(self.opts.socket_path)
 
@@ -388,10 +415,8 @@ class PluginStub:
                     log.error("lost NRI runtime: %s; exiting", reason)
                     return 1
                 log.warning("lost NRI runtime: %s; reconnecting in %.1fs", reason, backoff)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), backoff)
-            except TimeoutError:
-                pass
             backoff = min(backoff * 2, self.opts.backoff_max)
         return 0
 

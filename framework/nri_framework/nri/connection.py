@@ -97,7 +97,9 @@ class NriConnection:
         self._out += mux.encode_frames(self.call_conn, data, self.max_out_payload)
         return stream_id
 
-    def send_response(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> None:
+    def send_response(
+        self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = ""
+    ) -> None:
         data = encode_response(stream_id, payload, code, message)
         self._out += mux.encode_frames(self.serve_conn, data, self.max_out_payload)
 

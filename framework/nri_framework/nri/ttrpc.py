@@ -58,7 +58,9 @@ class TtrpcError(Exception):
     """A call failed with a ttrpc status (raised by clients, returned by handlers)."""
 
     def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{Code(code).name if code in Code._value2member_map_ else code}: {message}")
+        super().__init__(
+            f"{Code(code).name if code in Code._value2member_map_ else code}: {message}"
+        )
         self.code = int(code)
         self.message = message
 
@@ -177,7 +179,9 @@ class FrameDecoder:
 # --- server -----------------------------------------------------------------
 
 
-def encode_response(stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
+def encode_response(
+    stream_id: int, payload: bytes = b"", code: int = 0, message: str = ""
+) -> bytes:
     """A Response message. Success carries no status at all, like Go peers send it."""
     resp = ttrpc_pb2.Response()
     if code:
@@ -216,7 +220,9 @@ class TtrpcServer:
     def _check_stream(self, stream_id: int) -> ProtocolNotice | None:
         if stream_id % 2 == 0:
             return self._reject(
-                stream_id, Code.INVALID_ARGUMENT, "StreamID must be odd for client initiated streams"
+                stream_id,
+                Code.INVALID_ARGUMENT,
+                "StreamID must be odd for client initiated streams",
             )
         if stream_id <= self._last_stream:
             return self._reject(
@@ -233,7 +239,9 @@ class TtrpcServer:
                     events.append(bad)
                     continue
                 events.append(
-                    self._reject(frame.stream_id, Code.RESOURCE_EXHAUSTED, oversized_message(frame.length))
+                    self._reject(
+                        frame.stream_id, Code.RESOURCE_EXHAUSTED, oversized_message(frame.length)
+                    )
                 )
                 continue
             if frame.msg_type != MSG_REQUEST:
@@ -252,7 +260,9 @@ class TtrpcServer:
                 req.ParseFromString(frame.data)
             except DecodeError as exc:
                 events.append(
-                    self._reject(frame.stream_id, Code.INVALID_ARGUMENT, f"unmarshal request: {exc}")
+                    self._reject(
+                        frame.stream_id, Code.INVALID_ARGUMENT, f"unmarshal request: {exc}"
+                    )
                 )
                 continue
             events.append(
@@ -323,18 +333,24 @@ class TtrpcClient:
             if isinstance(frame, OversizedFrame):
                 self._pending.discard(sid)
                 events.append(
-                    ResponseReceived(sid, Code.RESOURCE_EXHAUSTED, oversized_message(frame.length), b"")
+                    ResponseReceived(
+                        sid, Code.RESOURCE_EXHAUSTED, oversized_message(frame.length), b""
+                    )
                 )
                 continue
             if frame.msg_type != MSG_RESPONSE:
-                events.append(ProtocolNotice(f"stream {sid}: dropped message of type {frame.msg_type}"))
+                events.append(
+                    ProtocolNotice(f"stream {sid}: dropped message of type {frame.msg_type}")
+                )
                 continue
             self._pending.discard(sid)
             resp = ttrpc_pb2.Response()
             try:
                 resp.ParseFromString(frame.data)
             except DecodeError as exc:
-                events.append(ResponseReceived(sid, Code.INTERNAL, f"unmarshal response: {exc}", b""))
+                events.append(
+                    ResponseReceived(sid, Code.INTERNAL, f"unmarshal response: {exc}", b"")
+                )
                 continue
             if resp.HasField("status") and resp.status.code != 0:
                 events.append(ResponseReceived(sid, resp.status.code, resp.status.message, b""))

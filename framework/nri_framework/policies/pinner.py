@@ -82,7 +82,11 @@ class Pinner:
 
     def shared_updates(self, skip: str = "") -> list[Update]:
         cpus = cpuset.format(self.shared)
-        return [Update(container_id=cid, resources=cpu_pin(cpus)) for cid in sorted(self.shared_members) if cid != skip]
+        return [
+            Update(container_id=cid, resources=cpu_pin(cpus))
+            for cid in sorted(self.shared_members)
+            if cid != skip
+        ]
 
     def release(self, container_id: str) -> list[Update]:
         self.shared_members.discard(container_id)
@@ -110,7 +114,9 @@ class Pinner:
         return {"exclusive": {cid: cpuset.format(m) for cid, m in self.exclusive.items()}}
 
     @hookimpl
-    def nri_synchronize(self, pods: list[Pod], containers: list[Container], saved_state: Any) -> list[Update]:
+    def nri_synchronize(
+        self, pods: list[Pod], containers: list[Container], saved_state: Any
+    ) -> list[Update]:
         saved = (saved_state or {}).get("exclusive", {}) if isinstance(saved_state, dict) else {}
         self.exclusive.clear()
         self.shared_members.clear()
@@ -124,7 +130,8 @@ class Pinner:
             else:
                 self.shared_members.add(c.id)
         updates = [
-            Update(container_id=cid, resources=cpu_pin(cpuset.format(m))) for cid, m in sorted(self.exclusive.items())
+            Update(container_id=cid, resources=cpu_pin(cpuset.format(m)))
+            for cid, m in sorted(self.exclusive.items())
         ]
         return updates + self.shared_updates()
 
@@ -134,7 +141,12 @@ class Pinner:
         if n:
             mask = self.take(n)
             self.exclusive[container.id] = mask
-            log.info("pinner: %s/%s gets exclusive CPUs %s", pod.name, container.name, cpuset.format(mask))
+            log.info(
+                "pinner: %s/%s gets exclusive CPUs %s",
+                pod.name,
+                container.name,
+                cpuset.format(mask),
+            )
             return CreateResult(
                 adjustment=Adjustment(resources=cpu_pin(cpuset.format(mask))),
                 updates=self.shared_updates(),
@@ -143,7 +155,9 @@ class Pinner:
         return CreateResult(adjustment=Adjustment(resources=cpu_pin(cpuset.format(self.shared))))
 
     @hookimpl
-    def nri_update_container(self, pod: Pod, container: Container, resources: Resources) -> list[Update]:
+    def nri_update_container(
+        self, pod: Pod, container: Container, resources: Resources
+    ) -> list[Update]:
         mask = self.exclusive.get(container.id)
         if mask is None:
             mask = self.shared

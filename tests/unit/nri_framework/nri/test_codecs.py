@@ -7,7 +7,6 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from nri_framework.nri import mux, ttrpc
 from nri_framework.nri.connection import (
     PLUGIN_SERVICE,
@@ -59,7 +58,9 @@ def test_stream_ids_are_odd_and_increasing() -> None:
 # --- server rules ---------------------------------------------------------------
 
 
-def request_bytes(stream_id: int, service: str = PLUGIN_SERVICE, method: str = "Configure") -> bytes:
+def request_bytes(
+    stream_id: int, service: str = PLUGIN_SERVICE, method: str = "Configure"
+) -> bytes:
     env = ttrpc_pb2.Request(service=service, method=method, payload=b"").SerializeToString()
     return ttrpc.encode_message(stream_id, ttrpc.MSG_REQUEST, env)
 
@@ -67,7 +68,11 @@ def request_bytes(stream_id: int, service: str = PLUGIN_SERVICE, method: str = "
 def parse_responses(data: bytes) -> list[tuple[int, int, str]]:
     client = ttrpc.TtrpcClient()
     client._pending.update(range(0, 100))  # accept any stream id in this test
-    return [(e.stream_id, e.code, e.message) for e in client.feed(data) if isinstance(e, ResponseReceived)]
+    return [
+        (e.stream_id, e.code, e.message)
+        for e in client.feed(data)
+        if isinstance(e, ResponseReceived)
+    ]
 
 
 def test_even_stream_id_rejected() -> None:
@@ -183,7 +188,11 @@ def test_unknown_conn_id_dropped() -> None:
 
 def exchange() -> tuple[bytes, list[tuple[str, bytes]]]:
     runtime = NriConnection(Role.RUNTIME)
-    calls = [("Configure", b"\x12\x0acontainerd"), ("Synchronize", b"x" * 5000), ("StateChange", b"")]
+    calls = [
+        ("Configure", b"\x12\x0acontainerd"),
+        ("Synchronize", b"x" * 5000),
+        ("StateChange", b""),
+    ]
     for method, payload in calls:
         runtime.send_request(method, payload, timeout_nano=2_000_000_000, metadata=(("k", "v"),))
     return runtime.data_to_send(), calls
