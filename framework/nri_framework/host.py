@@ -25,6 +25,7 @@ from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, hookimpl
 from nri_framework.model import (
     Container,
     ContainerState,
+    CpuResources,
     CreateResult,
     Event,
     Pod,
@@ -41,22 +42,27 @@ STATE_VERSION = 1
 SAVE_DELAY = 0.05
 
 
-class SavedContainer(msgspec.Struct, kw_only=True, omit_defaults=True):
-    pod_id: str = ""
-    name: str = ""
-    cpus: str = ""
-    mems: str = ""
-
-
 class SavedState(msgspec.Struct, kw_only=True):
+    """The state file: the cache as last decided, and the policy's own state."""
+
     version: int = STATE_VERSION
     policy: str = ""
-    containers: dict[str, SavedContainer] = {}
+    pods: dict[str, Pod] = {}
+    containers: dict[str, Container] = {}
     policy_state: Any = None
 
 
+def with_cpuset(res: Resources | None, cpus: str, mems: str) -> Resources:
+    """``res`` with the cpuset fields that are non-empty replaced."""
+    res = res or Resources()
+    cpu = res.cpu or CpuResources()
+    cpu = msgspec.structs.replace(cpu, cpus=cpus or cpu.cpus, mems=mems or cpu.mems)
+    return msgspec.structs.replace(res, cpu=cpu)
+
+
 class Cache:
-    """Pods and containers the runtime told us about, by id.
+    """Pods and containers the runtime told us about, by id, with the
+    cpusets our decisions gave them.
 
     Registered with the plugin manager so that the subscription always
     includes the removal events the cache needs to forget things.
@@ -65,8 +71,6 @@ class Cache:
     def __init__(self) -> None:
         self.pods: dict[str, Pod] = {}
         self.containers: dict[str, Container] = {}
-        #: cpuset/memset the host last assigned, by container id
-        self.assigned: dict[str, SavedContainer] = {}
 
     def put_pod(self, pod: Pod) -> None:
         self.pods[pod.id] = pod
@@ -74,35 +78,30 @@ class Cache:
     def put_container(self, container: Container) -> None:
         self.containers[container.id] = container
 
-    def record(
-        self, container_id: str, resources: Resources | None, container: Container | None = None
-    ) -> None:
+    def record(self, container_id: str, resources: Resources | None) -> None:
         """Remember the cpuset/memset a decision gave ``container_id``."""
-        if resources is None or resources.cpu is None:
+        c = self.containers.get(container_id)
+        if c is None or resources is None or resources.cpu is None:
             return
         cpu = resources.cpu
-        if not cpu.cpus and not cpu.mems:
-            return
-        prev = self.assigned.get(container_id)
-        c = container or self.containers.get(container_id)
-        self.assigned[container_id] = SavedContainer(
-            pod_id=c.pod_sandbox_id if c else (prev.pod_id if prev else ""),
-            name=c.name if c else (prev.name if prev else ""),
-            cpus=cpu.cpus or (prev.cpus if prev else ""),
-            mems=cpu.mems or (prev.mems if prev else ""),
-        )
+        if cpu.cpus or cpu.mems:
+            c.resources = with_cpuset(c.resources, cpu.cpus, cpu.mems)
+
+    def snapshot(self) -> tuple[dict[str, Pod], dict[str, Container]]:
+        """What to persist: everything but the bulky argv and environment."""
+        return dict(self.pods), {
+            cid: msgspec.structs.replace(c, args=[], env=[]) for cid, c in self.containers.items()
+        }
 
     @hookimpl(trylast=True)
     def nri_remove_container(self, pod: Pod, container: Container) -> None:
         self.containers.pop(container.id, None)
-        self.assigned.pop(container.id, None)
 
     @hookimpl(trylast=True)
     def nri_remove_pod_sandbox(self, pod: Pod) -> None:
         self.pods.pop(pod.id, None)
         for cid in [cid for cid, c in self.containers.items() if c.pod_sandbox_id == pod.id]:
             self.containers.pop(cid, None)
-            self.assigned.pop(cid, None)
 
 
 UpdateSender = Callable[[list[Update]], Awaitable[list[Update]]]
@@ -139,6 +138,7 @@ class PolicyHost:
         self._update_sender: UpdateSender | None = None
         self._save_handle: asyncio.Handle | None = None
         self._saved = self._load_state()
+        self.synchronized = False
         self.hook.policy_start(host=self)
 
     # -- services for policies ---------------------------------------------
@@ -197,12 +197,6 @@ class PolicyHost:
         self.cache.pods = {p.id: p for p in pods}
         self.cache.containers = {c.id: c for c in containers}
         saved = self._saved
-        # what we assigned before a restart, for containers that still exist
-        self.cache.assigned = {
-            cid: sc
-            for cid, sc in (saved.containers.items() if saved else ())
-            if cid in self.cache.containers
-        }
         updates = (
             self.hook.nri_synchronize(
                 pods=pods, containers=containers, saved_state=saved.policy_state if saved else None
@@ -211,8 +205,44 @@ class PolicyHost:
         )
         for u in updates:
             self.cache.record(u.container_id, u.resources)
+        self.synchronized = True
         self.changed()
         return updates
+
+    def restore_without_sync(self) -> list[Update]:
+        """Synchronize from the state file, for runtimes that never send Synchronize.
+
+        NRI before v0.10 (containerd 1.7, 2.0, 2.1) does not synchronize
+        pre-launched plugins; after a runtime restart such a plugin would
+        otherwise forget every running container. The saved pods and
+        containers stand in for the runtime's view; the caller pushes the
+        returned updates, and containers the runtime no longer knows are
+        dropped with :meth:`forget_containers`.
+        """
+        saved = self._saved
+        if saved is None:
+            return []
+        log.warning(
+            "runtime %s %s does not synchronize pre-launched plugins: "
+            "restoring %d container(s) of %d pod(s) from %s",
+            self.runtime.name,
+            self.runtime.version,
+            len(saved.containers),
+            len(saved.pods),
+            self.state_path,
+        )
+        return self.synchronize(list(saved.pods.values()), list(saved.containers.values()))
+
+    def forget_containers(self, container_ids: list[str]) -> None:
+        """Containers the runtime does not know (any more): release them."""
+        for cid in container_ids:
+            c = self.cache.containers.get(cid)
+            if c is None:
+                continue
+            pod = self.cache.pods.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id)
+            log.info("forgetting container %s (%s), unknown to the runtime", c.name, cid)
+            self.hook.nri_remove_container(pod=pod, container=c)
+        self.changed()
 
     def create_container(self, pod: Pod, container: Container) -> CreateResult:
         self.cache.put_pod(pod)
@@ -221,7 +251,7 @@ class PolicyHost:
         if result is None:
             return CreateResult()
         if result.adjustment is not None:
-            self.cache.record(container.id, result.adjustment.resources, container)
+            self.cache.record(container.id, result.adjustment.resources)
         for u in result.updates:
             self.cache.record(u.container_id, u.resources)
         self.changed()
@@ -314,9 +344,11 @@ class PolicyHost:
         path = self.state_path
         if path is None:
             return
+        pods, containers = self.cache.snapshot()
         state = SavedState(
             policy=self.policy_name,
-            containers=dict(self.cache.assigned),
+            pods=pods,
+            containers=containers,
             policy_state=self.hook.policy_export_state(),
         )
         tmp = path.with_suffix(".tmp")

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,8 @@ class Session:
         self.nri_version: tuple[int, ...] = ()
         self.configured = asyncio.Event()
         self.synchronized = asyncio.Event()
+        self.registered = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.closed_reason = ""
         self.handlers: dict[str, Handler] = {}
         self._install_handlers()
@@ -262,6 +264,10 @@ class Session:
             events,
         )
         self.configured.set()
+        if self.opts.fd is not None and self.nri_version < (0, 10):
+            updates = self.host.restore_without_sync()
+            if updates:
+                self.background(self.push_restored(updates))
         return wire(pb.ConfigureResponse(events=events))
 
     def on_synchronize(self, payload: bytes) -> bytes:
@@ -338,11 +344,29 @@ class Session:
         self.host.notify(event, convert.pod_from_pb(req.pod), container)
         return b""
 
+    def background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def push_restored(self, updates: list[Update]) -> None:
+        """Re-assert restored cpusets; containers the runtime rejects are gone."""
+        await self.registered.wait()
+        try:
+            failed = await self.update_containers(updates)
+        except (TtrpcError, Disconnected) as exc:
+            log.error("failed to re-assert restored containers: %s", exc)
+            return
+        gone = [u.container_id for u in failed]
+        if gone:
+            self.host.forget_containers(gone)
+
     # -- Runtime service -----------------------------------------------------
 
     async def register(self) -> None:
         req = pb.RegisterPluginRequest(plugin_name=self.opts.name, plugin_idx=self.opts.index)
         await self.call("RegisterPlugin", req, pb.Empty)
+        self.registered.set()
 
     async def update_containers(self, updates: list[Update]) -> list[Update]:
         req = pb.UpdateContainersRequest()

@@ -357,6 +357,27 @@ def test_prelaunched_plugin(containerd_cache: Path, tmp_path: Path) -> None:
             text = log.read_text()
             assert "pinner: prelaunched/g gets exclusive CPUs 1" in text
             assert "synchronized" not in text, "NRI 0.6.1 synchronized a pre-launched plugin?"
+
+            # containerd restarts, the container keeps running, the plugin is launched
+            # anew and never synchronized: it restores what it assigned from its state dir
+            time.sleep(0.3)  # the state file is written off the reply path
+            first_pid = pid
+            log_offset = len(log.read_text())
+            env.restart_daemon()
+            deadline = time.monotonic() + 20
+            while True:
+                text = log.read_text()[log_offset:]
+                if "registered as 30-prelaunched" in text and "restoring" in text:
+                    break
+                assert time.monotonic() < deadline, f"no restart of the plugin:\n{text}"
+                time.sleep(0.05)
+            assert int(pidfile.read_text()) != first_pid
+            print(f"[pre-launched, after containerd restart]\n{text}")
+            assert "does not synchronize pre-launched plugins: restoring 1 container(s)" in text
+            # the exclusive CPU is still taken: a shared container gets only what is left
+            _, be_cid, be_cpus = run_container(cri, "prelaunched-be", "be", BESTEFFORT)
+            assert be_cpus == "0", "the restarted plugin forgot the exclusive CPU"
+            assert exec_cpus(cri, cid) == "1"
             cri.cleanup()
     finally:
         env.stop()
