@@ -375,7 +375,7 @@ def test_prelaunched_plugin(containerd_cache: Path, tmp_path: Path) -> None:
             print(f"[pre-launched, after containerd restart]\n{text}")
             assert "does not synchronize pre-launched plugins: restoring 1 container(s)" in text
             # the exclusive CPU is still taken: a shared container gets only what is left
-            _, be_cid, be_cpus = run_container(cri, "prelaunched-be", "be", BESTEFFORT)
+            _, _, be_cpus = run_container(cri, "prelaunched-be", "be", BESTEFFORT)
             assert be_cpus == "0", "the restarted plugin forgot the exclusive CPU"
             assert exec_cpus(cri, cid) == "1"
             cri.cleanup()
