@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from nri_framework import cpuset
+
+
+@pytest.mark.parametrize(
+    ("text", "ids"),
+    [
+        ("", []),
+        ("0", [0]),
+        ("0-3", [0, 1, 2, 3]),
+        ("0-1,8,10-11\n", [0, 1, 8, 10, 11]),
+        ("4095", [4095]),
+    ],
+)
+def test_parse(text: str, ids: list[int]) -> None:
+    assert cpuset.ids(cpuset.parse(text)) == ids
+
+
+@pytest.mark.parametrize("bad", ["a", "1-", "3-1", "1,,2", "-1", "1-2-3"])
+def test_parse_rejects(bad: str) -> None:
+    with pytest.raises(cpuset.CpusetError):
+        cpuset.parse(bad)
+
+
+def test_format_canonical() -> None:
+    assert cpuset.format(cpuset.from_ids([5, 0, 1, 2, 7, 8])) == "0-2,5,7-8"
+    assert cpuset.format(0) == ""
+
+
+@given(st.sets(st.integers(0, 5000), max_size=200))
+def test_roundtrip(ids: set[int]) -> None:
+    mask = cpuset.from_ids(ids)
+    text = cpuset.format(mask)
+    assert cpuset.parse(text) == mask
+    assert cpuset.ids(mask) == sorted(ids)
+    assert cpuset.size(mask) == len(ids)
+
+
+@given(st.sets(st.integers(0, 300), max_size=50), st.integers(0, 60))
+def test_lowest(ids: set[int], n: int) -> None:
+    assert cpuset.ids(cpuset.lowest(cpuset.from_ids(ids), n)) == sorted(ids)[:n]

@@ -1,0 +1,178 @@
+"""The host: subscription from implemented hooks, cache, persistence, restore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nri_framework import cpuset
+from nri_framework.hookspecs import hookimpl
+from nri_framework.host import PolicyHost
+from nri_framework.model import (
+    Container,
+    CpuResources,
+    Event,
+    Pod,
+    Resources,
+    RuntimeInfo,
+)
+from nri_framework.nri.versions import VALID_EVENTS_V0_6, VALID_EVENTS_V0_10, valid_events
+from nri_framework.policies.pinner import Pinner
+
+CONTAINERD_17 = RuntimeInfo(name="containerd", version="1.7.24~ds1")
+CONTAINERD_22 = RuntimeInfo(name="containerd", version="2.2.0")
+
+
+def sysfs(tmp_path: Path, cpus: str) -> str:
+    cpu = tmp_path / "root/sys/devices/system/cpu"
+    cpu.mkdir(parents=True)
+    (cpu / "online").write_text(cpus + "\n")
+    return str(tmp_path / "root")
+
+
+def guaranteed(cid: str, n: int, pod: str = "p") -> Container:
+    return Container(
+        id=cid,
+        pod_sandbox_id=pod,
+        name=cid,
+        resources=Resources(cpu=CpuResources(shares=1024 * n, quota=100000 * n, period=100000)),
+    )
+
+
+def shared(cid: str, pod: str = "p") -> Container:
+    return Container(
+        id=cid, pod_sandbox_id=pod, name=cid, resources=Resources(cpu=CpuResources(shares=2))
+    )
+
+
+class OnlyCreate:
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> None:
+        return None
+
+
+class WantsPodUpdates(OnlyCreate):
+    @hookimpl
+    def nri_update_pod_sandbox(self, pod: Pod, resources: Resources) -> None:
+        return None
+
+    @hookimpl
+    def nri_post_start_container(self, pod: Pod, container: Container) -> None:
+        return None
+
+
+def test_mask_from_implemented_hooks() -> None:
+    host = PolicyHost("t", OnlyCreate())
+    mask = host.configure("", CONTAINERD_17)
+    # create, plus the removal events the cache always needs
+    assert (
+        mask
+        == Event.CREATE_CONTAINER.bit | Event.REMOVE_CONTAINER.bit | Event.REMOVE_POD_SANDBOX.bit
+    )
+
+
+def test_mask_capped_by_runtime_version(caplog: pytest.LogCaptureFixture) -> None:
+    host = PolicyHost("t", WantsPodUpdates())
+    old = host.configure("", CONTAINERD_17)
+    assert old & ~VALID_EVENTS_V0_6 == 0
+    assert not old & Event.UPDATE_POD_SANDBOX.bit
+    assert "does not support event UPDATE_POD_SANDBOX" in caplog.text
+    new = host.configure("", CONTAINERD_22)
+    assert new & Event.UPDATE_POD_SANDBOX.bit and new & Event.POST_START_CONTAINER.bit
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "nri", "valid"),
+    [
+        ("containerd", "1.7.24~ds1", "", VALID_EVENTS_V0_6),
+        ("containerd", "v2.1.4", "", VALID_EVENTS_V0_6),
+        ("containerd", "2.2.1", "", VALID_EVENTS_V0_10),
+        ("cri-o", "1.33.0", "", VALID_EVENTS_V0_6),
+        ("cri-o", "1.34.2", "", VALID_EVENTS_V0_10),
+        ("somert", "9.9", "", VALID_EVENTS_V0_6),
+        ("somert", "9.9", "v0.12.0", VALID_EVENTS_V0_10),
+    ],
+)
+def test_valid_events(name: str, version: str, nri: str, valid: int) -> None:
+    assert valid_events(name, version, nri) == valid
+
+
+def make_host(tmp_path: Path, cpus: str = "0-7") -> PolicyHost:
+    return PolicyHost(
+        "pinner", Pinner(), state_dir=tmp_path / "state", host_root=sysfs(tmp_path, cpus)
+    )
+
+
+def test_state_survives_restart(tmp_path: Path) -> None:
+    host = make_host(tmp_path)
+    host.configure("", CONTAINERD_17)
+    host.synchronize([], [])
+    pod = Pod(id="p", name="pod")
+    a = host.create_container(pod, guaranteed("a", 2))
+    b = host.create_container(pod, shared("b"))
+    assert a.adjustment and a.adjustment.resources and a.adjustment.resources.cpu
+    assert a.adjustment.resources.cpu.cpus == "6-7"
+    assert b.adjustment and b.adjustment.resources and b.adjustment.resources.cpu
+    assert b.adjustment.resources.cpu.cpus == "0-5"
+    host.save_now()
+
+    # a new process: the runtime reports the containers without our cpusets
+    # (as if the adjustments were lost); the saved state puts them back
+    again = PolicyHost(
+        "pinner", Pinner(), state_dir=tmp_path / "state", host_root=str(tmp_path / "root")
+    )
+    again.configure("", CONTAINERD_17)
+    updates = again.synchronize([pod], [guaranteed("a", 2), shared("b")])
+    by_id = {u.container_id: u.resources.cpu.cpus for u in updates if u.resources.cpu}
+    assert by_id == {"a": "6-7", "b": "0-5"}
+
+
+def test_restore_without_sync_and_forget(tmp_path: Path) -> None:
+    host = make_host(tmp_path)
+    host.configure("", CONTAINERD_17)
+    pod = Pod(id="p", name="pod")
+    host.create_container(pod, guaranteed("a", 1))
+    host.create_container(pod, guaranteed("b", 1))
+    host.save_now()
+
+    again = PolicyHost(
+        "pinner", Pinner(), state_dir=tmp_path / "state", host_root=str(tmp_path / "root")
+    )
+    again.configure("", CONTAINERD_17)
+    updates = again.restore_without_sync()
+    assert {u.container_id: u.resources.cpu.cpus for u in updates if u.resources.cpu} == {
+        "a": "7",
+        "b": "6",
+    }
+    # the runtime says "b" is gone: its CPU returns to the shared pool
+    again.forget_containers(["b"])
+    c = again.create_container(pod, shared("c"))
+    assert c.adjustment and c.adjustment.resources and c.adjustment.resources.cpu
+    assert c.adjustment.resources.cpu.cpus == "0-6"
+
+
+def test_unreadable_state_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state/pinner.state.json").write_text("{not json")
+    host = make_host(tmp_path)
+    assert "ignoring unreadable state file" in caplog.text
+    assert host.synchronize([], []) == []
+
+
+def test_removal_forgets_and_frees(tmp_path: Path) -> None:
+    host = make_host(tmp_path, "0-3")
+    pod = Pod(id="p")
+    host.create_container(pod, guaranteed("a", 2))
+    host.notify(Event.REMOVE_CONTAINER, pod, guaranteed("a", 2))
+    assert "a" not in host.containers
+    r = host.create_container(pod, guaranteed("b", 3))
+    assert r.adjustment and r.adjustment.resources and r.adjustment.resources.cpu
+    assert cpuset.size(cpuset.parse(r.adjustment.resources.cpu.cpus)) == 3
+
+
+def test_export_state_is_builtins(tmp_path: Path) -> None:
+    host = make_host(tmp_path)
+    host.create_container(Pod(id="p"), guaranteed("a", 1))
+    state: Any = host.hook.policy_export_state()
+    assert state == {"exclusive": {"a": "7"}}
