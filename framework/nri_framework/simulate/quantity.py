@@ -1,0 +1,62 @@
+"""Kubernetes resource quantities (``resource.Quantity``): the one parser.
+
+``"500m"``, ``"2"``, ``"1.5"``, ``"128Mi"``, ``"1G"``, ``"1e3"`` ... are parsed
+exactly (as :class:`fractions.Fraction`), then rounded *up* the way
+Kubernetes' ``Value()`` and ``MilliValue()`` do.
+
+Grammar (``k8s.io/apimachinery/pkg/api/resource``)::
+
+    <quantity> ::= <signedNumber><suffix>
+    <suffix>   ::= <binarySI> | <decimalExponent> | <decimalSI>
+    <binarySI> ::= Ki | Mi | Gi | Ti | Pi | Ei
+    <decimalSI> ::= n | u | m | "" | k | M | G | T | P | E
+    <decimalExponent> ::= "e" <signedNumber> | "E" <signedNumber>
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[+-]?(?:\d+\.?\d*|\.\d+))"
+    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+)
+
+
+class QuantityError(ValueError):
+    """Text that is not a Kubernetes quantity."""
+
+
+def parse_quantity(value: str | int | float) -> Fraction:
+    """A quantity as an exact fraction: ``"500m"`` -> ``1/2``, ``"1Ki"`` -> ``1024``.
+
+    YAML numbers (``cpu: 2``, ``cpu: 0.5``) are accepted as their decimal text.
+    """
+    if isinstance(value, bool):
+        raise QuantityError(f"quantities must match the regular expression: {value!r}")
+    text = repr(value) if isinstance(value, float) else str(value)
+    m = _QUANTITY_RE.match(text.strip())
+    if m is None:
+        raise QuantityError(f"quantities must match the regular expression: {text!r}")
+    number = Fraction(m.group("num"))
+    if m.group("exp"):
+        return number * Fraction(10) ** int(m.group("exp")[1:])
+    suffix = m.group("suffix") or ""
+    if suffix in _BINARY:
+        return number * (1 << (10 * _BINARY[suffix]))
+    return number * Fraction(10) ** _DECIMAL[suffix]
+
+
+def value(quantity: str | int | float) -> int:
+    """``Quantity.Value()``: whole units, rounded up (bytes for memory)."""
+    return math.ceil(parse_quantity(quantity))
+
+
+def milli_value(quantity: str | int | float) -> int:
+    """``Quantity.MilliValue()``: thousandths, rounded up (milli-CPU for cpu)."""
+    return math.ceil(parse_quantity(quantity) * 1000)
