@@ -107,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "simulate":
+        from nri_framework.simulate.scenario import main as simulate_main
+
+        rc: int = simulate_main(argv[1:])
+        return rc
+    if argv and argv[0] == "demo":
+        from nri_framework.demo import main as demo_main
+
+        rc = demo_main(argv[1:])
+        return rc
     parser = build_parser()
     args = parser.parse_args(argv)
     logsetup.setup(getattr(args, "log_level", None) or os.environ.get("NRI_LOG_LEVEL", "info"))
@@ -114,15 +124,5 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.command == "policies":
         return policies(args)
-    if args.command == "simulate":
-        from nri_framework.simulate.scenario import main as simulate_main
-
-        rc: int = simulate_main(args.rest)
-        return rc
-    if args.command == "demo":
-        from nri_framework.demo import main as demo_main
-
-        rc = demo_main(args.rest)
-        return rc
     parser.error(f"unknown command {args.command}")
     return 2

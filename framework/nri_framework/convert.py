@@ -199,3 +199,52 @@ def runtime_from_pb(req: pb.ConfigureRequest) -> RuntimeInfo:
         registration_timeout_ms=req.registration_timeout,
         request_timeout_ms=req.request_timeout,
     )
+
+
+# --- the runtime side sends pods and containers (the simulator) -------------
+
+
+def _resources_into(res: Resources | None, out: pb.LinuxResources) -> None:
+    if res is not None:
+        resources_to_pb(res, out)
+
+
+def pod_to_pb(pod: Pod) -> pb.PodSandbox:
+    p = pb.PodSandbox(
+        id=pod.id,
+        name=pod.name,
+        uid=pod.uid,
+        namespace=pod.namespace,
+        labels=pod.labels,
+        annotations=pod.annotations,
+        runtime_handler=pod.runtime_handler,
+        pid=pod.pid,
+        ips=pod.ips,
+    )
+    p.linux.cgroup_parent = pod.cgroup_parent
+    p.linux.cgroups_path = pod.cgroups_path
+    if pod.pod_overhead is not None:
+        _resources_into(pod.pod_overhead, p.linux.pod_overhead)
+    if pod.pod_resources is not None:
+        _resources_into(pod.pod_resources, p.linux.pod_resources)
+    if pod.resources is not None:
+        _resources_into(pod.resources, p.linux.resources)
+    return p
+
+
+def container_to_pb(c: Container) -> pb.Container:
+    out = pb.Container(
+        id=c.id,
+        pod_sandbox_id=c.pod_sandbox_id,
+        name=c.name,
+        state=int(c.state),  # type: ignore[arg-type]
+        labels=c.labels,
+        annotations=c.annotations,
+        args=c.args,
+        env=c.env,
+        pid=c.pid,
+    )
+    out.linux.cgroups_path = c.cgroups_path
+    out.linux.resources.SetInParent()
+    _resources_into(c.resources, out.linux.resources)
+    return out

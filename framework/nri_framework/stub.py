@@ -126,11 +126,17 @@ class Session:
         if data and not self.writer.is_closing():
             self.writer.write(data)
 
-    async def call(self, method: str, request: Message, response_type: type[Message]) -> Message:
+    async def call(
+        self,
+        method: str,
+        request: Message,
+        response_type: type[Message],
+        timeout: float | None = None,
+    ) -> Message:
         """Call ``method`` on the runtime's service and wait for the answer."""
         if self.writer.is_closing():
             raise Disconnected("connection closed")
-        timeout = self.opts.call_timeout
+        timeout = self.opts.call_timeout if timeout is None else timeout
         sid = self.conn.send_request(method, request.SerializeToString(), int(timeout * 1e9))
         fut: asyncio.Future[tuple[int, str, bytes]] = asyncio.get_running_loop().create_future()
         self.calls[sid] = fut
@@ -365,7 +371,8 @@ class Session:
 
     async def register(self) -> None:
         req = pb.RegisterPluginRequest(plugin_name=self.opts.name, plugin_idx=self.opts.index)
-        await self.call("RegisterPlugin", req, pb.Empty)
+        # the runtime admits plugins one at a time: we may wait behind another
+        await self.call("RegisterPlugin", req, pb.Empty, self.opts.register_timeout)
         self.registered.set()
 
     async def update_containers(self, updates: list[Update]) -> list[Update]:
@@ -420,6 +427,8 @@ class PluginStub:
             self.session = None
             reading.cancel()
             writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
 
     async def run(self) -> int:
         """Serve until stopped. Returns the process exit code."""

@@ -275,9 +275,7 @@ def _env(c: Mapping[str, Any], pod: Pod, defaults: RuntimeDefaults, where: str) 
     env = [*defaults.env, f"HOSTNAME={pod.name}"]
     for item in c.get("env") or []:
         if "valueFrom" in item:
-            log.info(
-                "%s: env %s uses valueFrom, which is not simulated", where, item.get("name")
-            )
+            log.info("%s: env %s uses valueFrom, which is not simulated", where, item.get("name"))
             continue
         env.append(f"{item['name']}={item.get('value', '')}")
     return env

@@ -27,6 +27,7 @@ from types import TracebackType
 from google.protobuf.message import Message
 
 from nri_framework import convert
+from nri_framework.convert import container_to_pb, pod_to_pb
 from nri_framework.model import Container, Event, Pod, Resources
 from nri_framework.nri.ttrpc import MAX_MESSAGE, Code
 from nri_framework.pb import nri_pb2 as pb
@@ -40,7 +41,7 @@ from nri_framework.simulate.peer import (
     PluginStatusError,
     RegistrationError,
 )
-from nri_framework.simulate.wire import container_to_pb, overlay_resources, pod_to_pb
+from nri_framework.simulate.wire import overlay_resources
 
 log = logging.getLogger("nri_framework.simulate")
 

@@ -17,7 +17,7 @@ import pytest
 from nri_framework.simulate.scenario import Row, ScenarioError, format_table, main, run_scenario
 from nri_framework.simulate.sysfs import TopologyError, online, prepare_host_root, write_cpu_tree
 
-PODS = Path(__file__).resolve().parents[1] / "data" / "pods"
+PODS = Path(__file__).resolve().parents[4] / "tests" / "data" / "pods"
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ from nri_framework.simulate.podspec import (
 )
 from nri_framework.simulate.quantity import QuantityError, milli_value, parse_quantity, value
 
-PODS = Path(__file__).resolve().parents[1] / "data" / "pods"
+PODS = Path(__file__).resolve().parents[4] / "tests" / "data" / "pods"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from nri_framework.pb import cri_pb2, nri_pb2, ttrpc_pb2
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 GENPROTO = ROOT / "scripts" / "genproto.py"
 PB_DIR = Path("nri_framework") / "pb"
 CHECKED_IN = ROOT / "framework" / PB_DIR
