@@ -68,14 +68,14 @@ class ScenarioResult:
 
 
 @dataclass(frozen=True)
-class _Paths:
+class ScenarioPaths:
     workdir: Path
     socket: Path
     host_root: Path
     state_dir: Path
 
 
-def plugin_command(policy: str, paths: _Paths, extra_args: Sequence[str] = ()) -> list[str]:
+def plugin_command(policy: str, paths: ScenarioPaths, extra_args: Sequence[str] = ()) -> list[str]:
     """The default plugin command line."""
     return [
         sys.executable, "-m", "nri_framework", "run",
@@ -88,7 +88,7 @@ def plugin_command(policy: str, paths: _Paths, extra_args: Sequence[str] = ()) -
     ]  # fmt: skip
 
 
-def _expand(cmd: Sequence[str], policy: str, paths: _Paths) -> list[str]:
+def _expand(cmd: Sequence[str], policy: str, paths: ScenarioPaths) -> list[str]:
     """``{socket}``, ``{host_root}``, ``{state_dir}``, ``{policy}`` in a custom command."""
     values = {
         "socket": str(paths.socket),
@@ -99,7 +99,7 @@ def _expand(cmd: Sequence[str], policy: str, paths: _Paths) -> list[str]:
     return [arg.format(**values) for arg in cmd]
 
 
-def _plugin_env() -> dict[str, str]:
+def plugin_env() -> dict[str, str]:
     """Our environment, with this ``nri_framework`` importable by the child."""
     env = dict(os.environ)
     root = str(Path(nri_framework.__file__).resolve().parents[1])
@@ -107,23 +107,23 @@ def _plugin_env() -> dict[str, str]:
     return env
 
 
-class _PluginProcess:
+class PluginProcess:
     """The plugin child process; its output is logged and the tail kept."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
-        self.tail: collections.deque[str] = collections.deque(maxlen=200)
+        self.tail: collections.deque[str] = collections.deque(maxlen=2000)
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def launch(cls, cmd: list[str]) -> _PluginProcess:
+    async def launch(cls, cmd: list[str]) -> PluginProcess:
         log.info("launching plugin: %s", " ".join(cmd))
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env=_plugin_env(),
+            env=plugin_env(),
         )
         return cls(proc)
 
@@ -133,6 +133,23 @@ class _PluginProcess:
             line = raw.decode(errors="replace").rstrip()
             self.tail.append(line)
             log.debug("plugin: %s", line)
+
+    def output(self) -> str:
+        return "\n".join(self.tail)
+
+    async def wait_output(self, text: str, timeout: float = 10.0, count: int = 1) -> None:
+        """Wait until ``text`` appeared ``count`` times in the output (kept tail)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while sum(text in line for line in self.tail) < count:
+            if loop.time() > deadline:
+                raise TimeoutError(f"plugin did not print {text!r} in {timeout}s:\n{self.output()}")
+            await asyncio.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL, no chance to clean up."""
+        if self.proc.returncode is None:
+            self.proc.kill()
 
     async def stop(self) -> int:
         if self.proc.returncode is None:
@@ -147,8 +164,8 @@ class _PluginProcess:
         return self.proc.returncode or 0
 
 
-async def _wait_registered(
-    rt: SimulatedRuntime, plugin: _PluginProcess, timeout: float
+async def wait_registered(
+    rt: SimulatedRuntime, plugin: PluginProcess, timeout: float
 ) -> PluginInfo:
     waiter = asyncio.create_task(rt.wait_plugins(1, timeout))
     exited = asyncio.create_task(plugin.proc.wait())
@@ -209,7 +226,7 @@ def _rows(rt: SimulatedRuntime, placed: list[Placed]) -> list[Row]:
     return rows
 
 
-def _make_paths(topology: str, state_dir: str | os.PathLike[str] | None) -> _Paths:
+def make_paths(topology: str, state_dir: str | os.PathLike[str] | None) -> ScenarioPaths:
     workdir = Path(tempfile.mkdtemp(prefix="nri-simulate-"))
     try:
         host_root = prepare_host_root(topology, workdir)
@@ -217,7 +234,7 @@ def _make_paths(topology: str, state_dir: str | os.PathLike[str] | None) -> _Pat
         shutil.rmtree(workdir, ignore_errors=True)
         raise ScenarioError(str(exc)) from None
     state = Path(state_dir) if state_dir else workdir / "state"
-    return _Paths(workdir, workdir / "nri.sock", host_root, state)
+    return ScenarioPaths(workdir, workdir / "nri.sock", host_root, state)
 
 
 def _load_pods(
@@ -253,7 +270,7 @@ async def run_scenario(
     of the topology (as with a kubelet CPU manager) instead of no cpuset.
     The temporary directory is removed unless ``keep``.
     """
-    paths = _make_paths(topology, state_dir)
+    paths = make_paths(topology, state_dir)
     result = ScenarioResult(workdir=paths.workdir if keep else None)
     try:
         pods = _load_pods(pods_dir, paths.host_root, default_cpuset)
@@ -267,7 +284,7 @@ async def run_scenario(
 async def _run(
     pods: list[SimPod],
     policy: str,
-    paths: _Paths,
+    paths: ScenarioPaths,
     plugin_cmd: Sequence[str] | None,
     extra_args: Sequence[str],
     timeout: float,
@@ -280,9 +297,9 @@ async def _run(
         else plugin_command(policy, paths, extra_args)
     )
     async with SimulatedRuntime(paths.socket, emulation=emulation) as rt:
-        plugin = await _PluginProcess.launch(cmd)
+        plugin = await PluginProcess.launch(cmd)
         try:
-            result.plugin = await _wait_registered(rt, plugin, timeout)
+            result.plugin = await wait_registered(rt, plugin, timeout)
             placed: list[Placed] = []
             for sim in pods:
                 placed.extend(await deploy(rt, sim))
