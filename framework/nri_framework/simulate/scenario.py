@@ -210,7 +210,7 @@ async def deploy(rt: SimulatedRuntime, sim: SimPod) -> list[Placed]:
     return placed
 
 
-def _rows(rt: SimulatedRuntime, placed: list[Placed]) -> list[Row]:
+def rows_of(rt: SimulatedRuntime, placed: list[Placed]) -> list[Row]:
     """Where each container is now (later pods may have moved earlier ones)."""
     table = rt.containers
     rows: list[Row] = []
@@ -303,7 +303,7 @@ async def _run(
             placed: list[Placed] = []
             for sim in pods:
                 placed.extend(await deploy(rt, sim))
-            result.rows = _rows(rt, placed)
+            result.rows = rows_of(rt, placed)
             result.failures = list(rt.failures)
         finally:
             await plugin.stop()
