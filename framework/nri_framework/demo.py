@@ -84,7 +84,9 @@ async def run_demo(workdir: Path, pods_dir: Path, ncpus: int) -> Checks:
     socket = workdir / "nri" / "nri.sock"
     state = workdir / "state"
     online = (1 << ncpus) - 1
-    cmd = plugin_command("pinner", ScenarioPaths(workdir, socket, host_root, state))
+    cmd = plugin_command(
+        "pinner", ScenarioPaths(workdir, socket, host_root, state), exit_on_disconnect=False
+    )
 
     async with SimulatedRuntime(socket) as rt:
         section(f"node: {ncpus} CPUs (simulated), runtime simulator emulating containerd 1.7.24")

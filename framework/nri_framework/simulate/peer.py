@@ -13,6 +13,8 @@ import contextlib
 import logging
 import socket
 import struct
+import time
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -136,6 +138,8 @@ class PluginPeer:
         # a refusal may come after the runtime stopped waiting: never "unretrieved"
         self.registered.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._calls: dict[int, asyncio.Future[tuple[int, str, bytes]]] = {}
+        #: seconds each answered call took, by method (request sent -> answer read)
+        self.call_times: defaultdict[str, list[float]] = defaultdict(list)
         self._tasks: set[asyncio.Task[None]] = set()
         self._reading: asyncio.Task[None] | None = None
 
@@ -228,9 +232,11 @@ class PluginPeer:
         sid = self.conn.send_request(method, payload, int(timeout * 1e9), metadata)
         fut: asyncio.Future[tuple[int, str, bytes]] = loop.create_future()
         self._calls[sid] = fut
+        started = time.perf_counter()
         self.flush()
         try:
             code, message, data = await asyncio.wait_for(fut, timeout)
+            self.call_times[method].append(time.perf_counter() - started)
         except TimeoutError:
             self.conn.forget(sid)
             raise FatalPluginError("context deadline exceeded") from None

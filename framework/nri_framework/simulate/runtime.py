@@ -123,6 +123,7 @@ class SimulatedRuntime:
         self._containers: dict[str, pb.Container] = {}
         self._plugins: list[PluginPeer] = []
         self._peers: set[PluginPeer] = set()
+        self._all_peers: list[PluginPeer] = []
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         self._queue: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
@@ -201,6 +202,10 @@ class SimulatedRuntime:
         """The container table, as the runtime would report it now."""
         return {cid: convert.container_from_pb(c) for cid, c in self._containers.items()}
 
+    def call_times(self, method: str) -> list[float]:
+        """Seconds each answered ``method`` call took, over every plugin ever connected."""
+        return [t for p in self._all_peers for t in p.call_times.get(method, ())]
+
     def container(self, container_id: str) -> Container:
         return convert.container_from_pb(self._container(container_id))
 
@@ -239,6 +244,7 @@ class SimulatedRuntime:
             nri_reported=self.emulation.dedicated_rpcs,
         )
         self._peers.add(peer)
+        self._all_peers.append(peer)
         peer.start()
         try:
             await self._register(peer)

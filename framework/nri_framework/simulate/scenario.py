@@ -75,7 +75,13 @@ class ScenarioPaths:
     state_dir: Path
 
 
-def plugin_command(policy: str, paths: ScenarioPaths, extra_args: Sequence[str] = ()) -> list[str]:
+def plugin_command(
+    policy: str,
+    paths: ScenarioPaths,
+    extra_args: Sequence[str] = (),
+    *,
+    exit_on_disconnect: bool = True,
+) -> list[str]:
     """The default plugin command line."""
     return [
         sys.executable, "-m", "nri_framework", "run",
@@ -83,7 +89,7 @@ def plugin_command(policy: str, paths: ScenarioPaths, extra_args: Sequence[str] 
         "--nri-socket", str(paths.socket),
         "--host-root", str(paths.host_root),
         "--state-dir", str(paths.state_dir),
-        "--exit-on-disconnect",
+        *(["--exit-on-disconnect"] if exit_on_disconnect else []),
         *extra_args,
     ]  # fmt: skip
 
