@@ -81,9 +81,31 @@ def cmd_demo(rest: list[str]) -> int:
     return subprocess.call([VENV / "bin" / "nri-resource-policy", "demo", *rest])
 
 
+def interpreter_path() -> str:
+    """PATH with every python3.11..3.13 we can find, e.g. pyenv's, appended.
+
+    tox finds interpreters by name on PATH; pyenv shims for versions that
+    are installed but not selected fail, so their real bin dirs are added.
+    """
+    path = os.environ.get("PATH", "")
+    extra = []
+    for minor in ("3.11", "3.12", "3.13"):
+        exe = shutil.which(f"python{minor}")
+        if exe and subprocess.run([exe, "-c", ""], capture_output=True).returncode == 0:
+            continue
+        pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+        for cand in sorted(pyenv.glob(f"{minor}*/bin/python{minor}"), reverse=True):
+            extra.append(str(cand.parent))
+            break
+    if extra:
+        say(f"interpreters found outside PATH: {', '.join(extra)}")
+    return os.pathsep.join([path, *extra])
+
+
 def cmd_test(rest: list[str]) -> int:
     py = ensure_venv(VENV)
     pip_install(py, TOX)
+    os.environ["PATH"] = interpreter_path()
     tox = [py, "-m", "tox", "--workdir", str(ROOT / ".tox")]
     envs = rest or ["ALL"]
     if envs == ["ALL"]:
