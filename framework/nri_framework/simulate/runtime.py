@@ -153,10 +153,9 @@ class SimulatedRuntime:
 
     async def stop(self) -> None:
         """Stop listening and close every plugin connection (plugins just see EOF)."""
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # stop listening; wait_closed() comes after the peers close
         if self._admitting is not None:
             self._admitting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -171,6 +170,9 @@ class SimulatedRuntime:
             self._queue.get_nowait()[1].close()
         for peer in peers:
             await peer.wait_closed()
+        if server is not None:
+            # since Python 3.12.1 this waits for every accepted connection too
+            await server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 

@@ -158,17 +158,22 @@ class RawRuntime:
             asyncio.Queue()
         )
         self.server: asyncio.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
 
     async def __aenter__(self) -> RawRuntime:
         self.socket.parent.mkdir(parents=True, exist_ok=True)
-        self.server = await asyncio.start_unix_server(
-            lambda r, w: self.conns.put_nowait((r, w)), path=str(self.socket)
-        )
+        self.server = await asyncio.start_unix_server(self._accepted, path=str(self.socket))
         return self
+
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        self.conns.put_nowait((reader, writer))
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
         self.server.close()
+        for writer in self.writers:  # Python >= 3.12.1 waits for them in wait_closed()
+            writer.close()
         await self.server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
