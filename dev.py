@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 import venv
 from pathlib import Path
@@ -37,12 +38,14 @@ def venv_python(env: Path) -> Path:
 
 def fetch_pip_wheel(dest: Path) -> Path:
     """Download the newest pip wheel from PyPI (stdlib only)."""
-    with urllib.request.urlopen(f"{INDEX}/pip/json", timeout=60) as resp:
+    meta_url = f"{INDEX}/pip/json"
+    with urllib.request.urlopen(meta_url, timeout=60) as resp:
         meta = json.load(resp)
     for f in meta["urls"]:
         if f["packagetype"] == "bdist_wheel":
             path = dest / f["filename"]
-            with urllib.request.urlopen(f["url"], timeout=120) as resp, open(path, "wb") as out:
+            url = urllib.parse.urljoin(meta_url, f["url"])  # mirrors may answer relative URLs
+            with urllib.request.urlopen(url, timeout=120) as resp, open(path, "wb") as out:
                 shutil.copyfileobj(resp, out)
             return path
     raise SystemExit("dev.py: no pip wheel found on PyPI")
@@ -58,7 +61,7 @@ def ensure_venv(env: Path) -> Path:
     say(f"creating virtual environment {env}")
     try:
         venv.EnvBuilder(with_pip=True, clear=True).create(env)
-    except (subprocess.CalledProcessError, OSError):
+    except (subprocess.CalledProcessError, OSError, SystemExit):  # Debian: no ensurepip
         venv.EnvBuilder(with_pip=False, clear=True).create(env)
     if subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode != 0:
         say("ensurepip is not available: installing pip from its wheel on PyPI")
