@@ -348,7 +348,7 @@ def _parser() -> argparse.ArgumentParser:
         "--topology",
         default="cpus:4",
         metavar="SPEC",
-        help="host root directory with sys/devices/system/cpu, or cpus:N (default cpus:4)",
+        help="host root directory with sys/, cpus:N, n4c16, xeon-6776p or s8c4k (default cpus:4)",
     )
     p.add_argument(
         "--state-dir", metavar="DIR", help="plugin state directory (default: in the temp dir)"
