@@ -11,12 +11,15 @@ created without pip and pip is installed from its wheel on PyPI.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 import venv
@@ -39,8 +42,16 @@ def venv_python(env: Path) -> Path:
 def fetch_pip_wheel(dest: Path) -> Path:
     """Download the newest pip wheel from PyPI (stdlib only)."""
     meta_url = f"{INDEX}/pip/json"
-    with urllib.request.urlopen(meta_url, timeout=60) as resp:
-        meta = json.load(resp)
+    try:
+        with urllib.request.urlopen(meta_url, timeout=60) as resp:
+            meta = json.load(resp)
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLError):
+            raise SystemExit(
+                "dev.py: HTTPS to PyPI failed certificate verification; "
+                "install ca-certificates (apt-get install ca-certificates)"
+            ) from None
+        raise
     for f in meta["urls"]:
         if f["packagetype"] == "bdist_wheel":
             path = dest / f["filename"]
@@ -59,10 +70,10 @@ def ensure_venv(env: Path) -> Path:
     ):
         return py
     say(f"creating virtual environment {env}")
-    try:
-        venv.EnvBuilder(with_pip=True, clear=True).create(env)
-    except (subprocess.CalledProcessError, OSError, SystemExit):  # Debian: no ensurepip
-        venv.EnvBuilder(with_pip=False, clear=True).create(env)
+    # Debian ships ensurepip only in python3-venv: without it, make the venv
+    # bare and bring pip from PyPI below
+    with_pip = importlib.util.find_spec("ensurepip") is not None
+    venv.EnvBuilder(with_pip=with_pip, clear=True).create(env)
     if subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode != 0:
         say("ensurepip is not available: installing pip from its wheel on PyPI")
         with tempfile.TemporaryDirectory() as tmp:
