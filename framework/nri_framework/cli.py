@@ -33,6 +33,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="exit non-zero when the runtime connection is lost instead of reconnecting",
     )
     p.add_argument("--cpus", default="", help="override the CPUs a policy manages (list format)")
+    p.add_argument("--config-file", default="", help="policy configuration file (YAML)")
     p.add_argument("--log-level", default="info")
 
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     host = PolicyHost(
         args.policy,
         policy,
-        options={"cpus": args.cpus},
+        options={"cpus": args.cpus, "config_file": args.config_file},
         state_dir=args.state_dir,
         host_root=args.host_root,
     )
@@ -111,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         from nri_framework.simulate.scenario import main as simulate_main
 
         rc: int = simulate_main(argv[1:])
+        return rc
+    if argv and argv[0] == "validate":
+        from nri_balloons.validate_cli import main as validate_main
+
+        rc = validate_main(argv[1:])
         return rc
     if argv and argv[0] == "demo":
         from nri_framework.demo import main as demo_main

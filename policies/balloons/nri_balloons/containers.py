@@ -1,0 +1,56 @@
+"""Facts about a container the balloons policy derives from the domain model.
+
+:func:`qos_class` is the Kubernetes QoS class of a container's pod, as
+upstream's cache computes it: from the pod's cgroup parent, which the kubelet
+names after the class (``/kubepods/burstable/pod<uid>``,
+``kubepods-besteffort-pod<uid>.slice``; Guaranteed pods sit directly under
+``kubepods``). A pod without a cgroup parent (a runtime that does not send
+one) falls back to the container's own resources, read the way the kubelet
+writes them (see ``nri_framework.simulate.podspec``): CPU shares from the
+request (2 for no request), CFS quota from the CPU limit, the memory limit.
+"""
+
+from __future__ import annotations
+
+from nri_framework.model import Container, Pod
+from nri_framework.simulate.podspec import MIN_SHARES, QOSClass, cpu_shares
+
+__all__ = ["QOSClass", "qos_class"]
+
+
+def _qos_from_cgroup_parent(parent: str) -> QOSClass:
+    if "besteffort" in parent:
+        return QOSClass.BEST_EFFORT
+    if "burstable" in parent:
+        return QOSClass.BURSTABLE
+    return QOSClass.GUARANTEED
+
+
+def _qos_from_resources(container: Container) -> QOSClass:
+    res = container.resources
+    cpu = res.cpu if res else None
+    mem = res.memory if res else None
+    shares = cpu.shares if cpu and cpu.shares else 0
+    quota = cpu.quota if cpu and cpu.quota and cpu.quota > 0 else 0
+    period = cpu.period if cpu and cpu.period else 100_000
+    mem_limit = mem.limit if mem and mem.limit and mem.limit > 0 else 0
+    if shares <= MIN_SHARES and not quota and not mem_limit:
+        return QOSClass.BEST_EFFORT
+    if quota and mem_limit and shares == cpu_shares(quota * 1000 // period):
+        return QOSClass.GUARANTEED
+    return QOSClass.BURSTABLE
+
+
+def qos_class(pod: Pod | None, container: Container | None = None) -> QOSClass:
+    """The QoS class of ``container`` (of ``pod``).
+
+    From ``pod.cgroup_parent`` when the pod has one; otherwise estimated from
+    the container's resources (a single container cannot see its siblings, and
+    a memory *request* leaves no trace in them). With neither, Guaranteed, as
+    upstream defaults an unknown cgroup parent.
+    """
+    if pod is not None and pod.cgroup_parent:
+        return _qos_from_cgroup_parent(pod.cgroup_parent)
+    if container is not None:
+        return _qos_from_resources(container)
+    return QOSClass.GUARANTEED
