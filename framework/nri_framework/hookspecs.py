@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         RuntimeInfo,
         Update,
     )
+    from nri_framework.zones import Zone
 
 PROJECT = "nri_resource_policy"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -77,6 +78,15 @@ def policy_export_state() -> Any:
     path). The value must be serializable by msgspec (Structs, dicts, lists,
     strings, numbers). It is handed back, decoded as plain builtins, through
     the ``saved_state`` argument of :func:`nri_synchronize` after a restart.
+    """
+
+
+@hookspec(firstresult=True)
+def policy_topology_zones() -> list[Zone] | None:
+    """The NodeResourceTopology zones describing the policy's current placement.
+
+    Called by the agent after changes (off the reply path). ``None`` when the
+    policy publishes no zones.
     """
 
 
