@@ -23,7 +23,6 @@ kubelet's service environment variables and ``$(VAR)`` expansion.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
 import os
@@ -35,26 +34,18 @@ from typing import Any
 
 import yaml
 
+from nri_framework.kube import CFS_PERIOD, QOSClass, cpu_quota, cpu_shares
 from nri_framework.model import Container, CpuResources, MemoryResources, Pod, Resources
-from nri_framework.simulate.quantity import QuantityError, milli_value, value
+from nri_framework.quantity import QuantityError, milli_value, value
 
 log = logging.getLogger("nri_framework.simulate")
 
-CFS_PERIOD = 100_000
-MIN_SHARES = 2
-MIN_QUOTA = 1000
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 QOS_RESOURCES = ("cpu", "memory")
 
 
 class PodSpecError(ValueError):
     """A document that cannot be turned into a pod."""
-
-
-class QOSClass(enum.StrEnum):
-    GUARANTEED = "Guaranteed"
-    BURSTABLE = "Burstable"
-    BEST_EFFORT = "BestEffort"
 
 
 @dataclass(frozen=True)
@@ -240,18 +231,6 @@ def qos_class(containers: Iterable[Mapping[str, Any]]) -> QOSClass:
 
 
 # --- one container ----------------------------------------------------------------
-
-
-def cpu_shares(milli_cpu: int) -> int:
-    """The kubelet's ``MilliCPUToShares``."""
-    return max(MIN_SHARES, milli_cpu * 1024 // 1000)
-
-
-def cpu_quota(milli_cpu: int, period: int = CFS_PERIOD) -> int:
-    """The kubelet's ``milliCPUToQuota``; 0 means "no limit"."""
-    if milli_cpu == 0:
-        return 0
-    return max(MIN_QUOTA, milli_cpu * period // 1000)
 
 
 def container_resources(c: Mapping[str, Any], defaults: RuntimeDefaults) -> Resources:

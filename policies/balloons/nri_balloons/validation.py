@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 from nri_framework import cpuset
-from nri_framework.simulate.quantity import QuantityError, milli_value
+from nri_framework.quantity import QuantityError, milli_value
 
 from nri_balloons.config import (
     DEFAULT,

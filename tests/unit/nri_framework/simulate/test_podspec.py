@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from nri_framework.quantity import QuantityError, milli_value, parse_quantity, value
 from nri_framework.simulate.podspec import (
     PodSpecError,
     QOSClass,
@@ -21,7 +22,6 @@ from nri_framework.simulate.podspec import (
     pod_uid,
     pods_from_yaml,
 )
-from nri_framework.simulate.quantity import QuantityError, milli_value, parse_quantity, value
 
 PODS = Path(__file__).resolve().parents[4] / "tests" / "data" / "pods"
 
