@@ -1,0 +1,76 @@
+"""Balloons: a set of CPUs that grows and shrinks with the containers in it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from nri_framework import cpuset
+
+from nri_balloons.config import BalloonType
+
+
+@dataclass
+class Member:
+    """A container assigned to a balloon."""
+
+    id: str
+    pod_id: str
+    namespace: str
+    pod_name: str
+    name: str
+    request: int  # mCPU
+    limit: int  # mCPU, 0 = none
+    group: str = ""
+
+    @property
+    def pretty(self) -> str:
+        return f"{self.namespace}/{self.pod_name}/{self.name}"
+
+
+@dataclass
+class Balloon:
+    """One instance of a balloon type."""
+
+    bdef: BalloonType
+    instance: int
+    cpus: int = 0
+    shared_idle: int = 0
+    mems: int = 0
+    members: dict[str, Member] = field(default_factory=dict)
+    groups: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def name(self) -> str:
+        return f"{self.bdef.name}[{self.instance}]"
+
+    @property
+    def requested(self) -> int:
+        """Total requested mCPU of the containers in the balloon."""
+        return sum(m.request for m in self.members.values())
+
+    @property
+    def free_milli(self) -> int:
+        return self.cpus.bit_count() * 1000 - self.requested
+
+    def max_avail_milli(self, free: int) -> int:
+        """mCPU the balloon could have: its CPUs plus what it may still take."""
+        nfree = free.bit_count()
+        max_cpus = self.bdef.max_cpus
+        if max_cpus == 0 or max_cpus > nfree:
+            return (self.cpus.bit_count() + nfree) * 1000
+        return max_cpus * 1000
+
+    def max_free_milli(self, free: int) -> int:
+        return self.max_avail_milli(free) - self.requested
+
+    def pod_ids(self) -> set[str]:
+        return {m.pod_id for m in self.members.values()}
+
+    def namespaces(self) -> set[str]:
+        return {m.namespace for m in self.members.values()}
+
+    def __str__(self) -> str:
+        return (
+            f'{self.name}{{cpus:"{cpuset.format(self.cpus)}", mems:"{cpuset.format(self.mems)}"}}'
+        )

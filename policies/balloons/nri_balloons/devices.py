@@ -1,0 +1,102 @@
+"""Device hints: what ``preferCloseToDevices`` names resolve to, in CPUs.
+
+Built-in virtual devices (``reserved CPUs``, ``isolated CPUs``,
+``performance cores``, ``efficient cores``) and sysfs device paths, read
+under the host root the way upstream's topology hints do: ``cpulist``,
+``local_cpulist``, ``cpulistaffinity``, ``shared_cpu_list`` or ``numa_node``,
+walking up the path until one is found. ``podresourceapi:`` hints need the
+kubelet's pod-resources API and are not resolved yet (the caller warns).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from nri_framework import cpuset
+from nri_framework.topology import Topology
+
+from nri_balloons.config import BalloonType
+
+log = logging.getLogger("policy")
+
+RESERVED_CPUS = "reserved CPUs"
+ISOLATED_CPUS = "isolated CPUs"
+PERFORMANCE_CORES = "performance cores"
+EFFICIENT_CORES = "efficient cores"
+PODRES_PREFIX = "podresourceapi:"
+
+_CPU_FILES = ("cpulist", "local_cpulist", "cpulistaffinity", "shared_cpu_list")
+
+
+def close_devices(bdef: BalloonType, reserved_type: str, reserved_cpuset: bool) -> list[str]:
+    """The devices a type prefers to be close to (upstream ``fillCloseToDevices``)."""
+    devices = list(bdef.prefer_close_to_devices)
+    if bdef.name == reserved_type and reserved_cpuset and RESERVED_CPUS not in devices:
+        devices.insert(0, RESERVED_CPUS)
+    if bdef.prefer_isol_cpus:
+        devices.append(ISOLATED_CPUS)
+    if bdef.prefer_core_type == "performance":
+        devices.append(PERFORMANCE_CORES)
+    elif bdef.prefer_core_type == "efficient":
+        devices.append(EFFICIENT_CORES)
+    return devices
+
+
+def far_devices(close: Mapping[str, Sequence[str]], has_isolated: bool) -> dict[str, list[str]]:
+    """Automatic anti-affinity (upstream ``fillFarFromDevices``): every device some
+    type prefers is avoided by the types that do not prefer it."""
+    avoid: list[str] = [ISOLATED_CPUS] if has_isolated else []
+    for devices in close.values():
+        for dev in devices:
+            if not dev.startswith(PODRES_PREFIX) and dev not in avoid:
+                avoid.append(dev)
+    return {name: [d for d in avoid if d not in devices] for name, devices in close.items()}
+
+
+class DeviceResolver:
+    """Device name -> CPU mask, cached."""
+
+    def __init__(self, topology: Topology, host_root: str, reserved: int) -> None:
+        self.topology = topology
+        self.host_root = Path(host_root)
+        self.virtual = {
+            RESERVED_CPUS: reserved,
+            ISOLATED_CPUS: topology.isolated,
+            PERFORMANCE_CORES: topology.performance_cpus,
+            EFFICIENT_CORES: topology.efficient_cpus,
+        }
+        self._cache: dict[str, int | None] = {}
+
+    def cpus(self, device: str) -> int | None:
+        """The CPUs of ``device``; ``None`` when it cannot be resolved (logged once)."""
+        if device in self.virtual:
+            return self.virtual[device]
+        if device not in self._cache:
+            self._cache[device] = self._sysfs(device)
+        return self._cache[device]
+
+    def _sysfs(self, device: str) -> int | None:
+        if device.startswith(PODRES_PREFIX):
+            return None
+        path = self.host_root / device.lstrip("/")
+        try:
+            path = path.resolve(strict=True)
+        except OSError as exc:
+            log.error("failed to find topology of device %r: %s", device, exc)
+            return None
+        root = self.host_root.resolve()
+        while path != root and path != path.parent:
+            for name in _CPU_FILES:
+                f = path / name
+                if f.is_file():
+                    return cpuset.parse(f.read_text()) & self.topology.online
+            node_file = path / "numa_node"
+            if node_file.is_file():
+                node = int(node_file.read_text().strip() or -1)
+                if node >= 0 and node in self.topology.nodes:
+                    return self.topology.nodes[node].cpus
+            path = path.parent
+        log.error("failed to find topology of device %r: no CPU information", device)
+        return None

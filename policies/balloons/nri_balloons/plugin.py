@@ -1,0 +1,180 @@
+"""The balloons policy as a pluggy plugin of the host.
+
+Entry point ``balloons`` in the group ``nri_resource_policy.policies``. The
+configuration comes from ``--config-file`` (a BalloonsPolicy YAML), or from
+the runtime's plugin configuration text for pre-launched plugins. The
+Kubernetes custom-resource source is the agent's (not yet implemented).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from nri_framework import cpuset
+from nri_framework.hookspecs import PolicyError, hookimpl
+from nri_framework.host import PolicyHost
+from nri_framework.model import (
+    Adjustment,
+    Container,
+    CreateResult,
+    Pod,
+    Resources,
+    RuntimeInfo,
+    Update,
+    cpu_pin,
+)
+from nri_framework.topology import Topology
+from nri_framework.zones import Zone
+
+from nri_balloons.config import ConfigError, load_policy
+from nri_balloons.policy import BalloonsError, BalloonsPolicy
+from nri_balloons.validation import PreparedConfig, validate
+
+__version__ = "0.1.0"
+
+log = logging.getLogger("policy")
+
+
+class Balloons:
+    """Hook implementations; the placement logic is :class:`BalloonsPolicy`."""
+
+    __version__ = __version__
+
+    def __init__(self) -> None:
+        self.host: PolicyHost | None = None
+        self.policy: BalloonsPolicy | None = None
+        self.pins: dict[str, tuple[str, str]] = {}
+
+    # -- configuration -----------------------------------------------------------
+
+    def prepare(self, text: str, source: str) -> PreparedConfig:
+        """Parse and validate a configuration; raises PolicyError with every error."""
+        assert self.policy is not None
+        try:
+            doc = load_policy(text, source=source)
+        except ConfigError as exc:
+            raise PolicyError(str(exc)) from None
+        result = validate(doc, online_cpus=self.policy.topology.online)
+        for warning in result.warnings:
+            log.warning("%s", warning)
+        if result.prepared is None:
+            raise PolicyError("; ".join(result.errors))
+        return result.prepared
+
+    def apply(self, prepared: PreparedConfig) -> None:
+        assert self.policy is not None
+        try:
+            self.policy.set_config(prepared)
+        except BalloonsError as exc:
+            raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
+
+    @hookimpl
+    def policy_start(self, host: PolicyHost) -> None:
+        log.info("setting up balloons policy...")
+        self.host = host
+        self.policy = BalloonsPolicy(Topology.from_sysfs(host.host_root), host.host_root)
+        path = host.options.get("config_file")
+        if path:
+            self.apply(self.prepare(Path(path).read_text(), str(path)))
+        log.info("balloons policy started")
+
+    @hookimpl
+    def nri_configure(self, config: str, runtime: RuntimeInfo) -> None:
+        assert self.policy is not None
+        if config.strip() and self.policy.config is None:
+            self.apply(self.prepare(config, "runtime plugin configuration"))
+        if self.policy.config is None:
+            raise PolicyError("balloons: no configuration (use --config-file)")
+
+    # -- NRI -------------------------------------------------------------------------
+
+    def _pod_of(self, pod_id: str) -> Pod | None:
+        assert self.host is not None
+        return self.host.pods.get(pod_id)
+
+    def _updates(self, skip: str = "") -> list[Update]:
+        """Updates for every container whose pinning changed since it was last sent."""
+        assert self.policy is not None
+        now = self.policy.pinning(self._pod_of)
+        updates = []
+        for cid, (cpus, mems) in now.items():
+            if cid != skip and self.pins.get(cid) != (cpus, mems):
+                updates.append(Update(container_id=cid, resources=cpu_pin(cpus, mems)))
+        self.pins = now
+        return updates
+
+    @hookimpl
+    def nri_synchronize(
+        self, pods: list[Pod], containers: list[Container], saved_state: Any
+    ) -> list[Update]:
+        assert self.policy is not None and self.policy.config is not None
+        self.policy.set_config(self.policy.config)
+        alive = {c.id for c in containers}
+        restored = self.policy.restore(saved_state, alive) if saved_state else set()
+        by_id = {p.id: p for p in pods}
+        for c in containers:
+            if c.id in restored:
+                continue
+            pod = by_id.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id)
+            try:
+                self.policy.allocate(pod, c)
+            except BalloonsError as exc:
+                log.warning("allocating resources for Sync produced an error: %s", exc)
+        self.pins = {}
+        return self._updates()
+
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> CreateResult | None:
+        assert self.policy is not None
+        try:
+            bln = self.policy.allocate(pod, container)
+        except BalloonsError as exc:
+            raise PolicyError(str(exc)) from None
+        if bln is None:
+            return None
+        updates = self._updates(skip=container.id)
+        cpus, mems = self.pins[container.id]
+        return CreateResult(adjustment=Adjustment(resources=cpu_pin(cpus, mems)), updates=updates)
+
+    @hookimpl
+    def nri_update_container(
+        self, pod: Pod, container: Container, resources: Resources
+    ) -> list[Update]:
+        pin = self.pins.get(container.id)
+        if pin is None:
+            return []
+        return [Update(container_id=container.id, resources=cpu_pin(*pin))]
+
+    @hookimpl
+    def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
+        assert self.policy is not None
+        self.policy.release(container.id)
+        self.pins.pop(container.id, None)
+        return self._updates()
+
+    @hookimpl
+    def nri_remove_container(self, pod: Pod, container: Container) -> None:
+        assert self.policy is not None
+        if container.id in self.policy.owner:
+            self.policy.release(container.id)
+            self.pins.pop(container.id, None)
+
+    @hookimpl
+    def policy_export_state(self) -> Any:
+        return self.policy.export() if self.policy else None
+
+    @hookimpl
+    def policy_topology_zones(self) -> list[Zone] | None:
+        if self.policy is None:
+            return None
+        return self.policy.zones(lambda cid: self.pins.get(cid, ("", "")))
+
+
+def plugin() -> Balloons:
+    """Entry-point target."""
+    return Balloons()
+
+
+__all__ = ["Balloons", "cpuset", "plugin"]

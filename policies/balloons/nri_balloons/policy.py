@@ -1,0 +1,650 @@
+"""The balloons policy proper: balloon types, instances, sizing, pinning.
+
+No NRI and no pluggy here: :mod:`nri_balloons.plugin` adapts the hooks. The
+behaviour follows upstream's ``balloons-policy.go`` (reference §3, §5-§9,
+§14); section numbers in comments point at ``nri-plugins-balloons.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from nri_framework import cpuset
+from nri_framework.kube import quota_to_milli_cpu, shares_to_milli_cpu
+from nri_framework.model import Container, Pod
+from nri_framework.topology import Topology
+from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantity
+
+from nri_balloons import annotations as ann
+from nri_balloons.balloon import Balloon, Member
+from nri_balloons.config import BalloonType
+from nri_balloons.cputree import CpuTreeAllocator, ResizeError
+from nri_balloons.devices import DeviceResolver, close_devices, far_devices
+from nri_balloons.expression import Subject, resolve_ref
+from nri_balloons.globmatch import go_match as glob_match
+from nri_balloons.gofmt import quote
+from nri_balloons.validation import PreparedConfig
+
+log = logging.getLogger("policy")
+
+PRIORITY_ORDER = ("high", "normal", "low", "none")
+
+
+class BalloonsError(Exception):
+    """A placement failure; the text goes back to the runtime."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(f"balloons: {text}")
+
+
+class NotApplicable(Exception):
+    """A fill method has no candidate."""
+
+
+def request_milli(container: Container) -> int:
+    """The CPU request in mCPU, from the CFS shares the kubelet derived from it."""
+    cpu = container.resources.cpu if container.resources else None
+    return shares_to_milli_cpu(cpu.shares or 0) if cpu else 0
+
+
+def limit_milli(container: Container) -> int:
+    cpu = container.resources.cpu if container.resources else None
+    return quota_to_milli_cpu(cpu.quota or 0, cpu.period or 0) if cpu else 0
+
+
+_REF = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z0-9_./-]+)")
+
+
+def expand_group(text: str, subject: Subject, must_resolve: bool) -> str:
+    """``groupBy`` with ``${key}``/``$key`` references replaced by their values."""
+
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1) if m.group(1) is not None else m.group(2)
+        value, found = resolve_ref(subject, key)
+        if not found and must_resolve:
+            raise KeyError(f"cannot resolve {key!r}")
+        return value
+
+    return _REF.sub(sub, text)
+
+
+@dataclass(frozen=True)
+class TypeOptions:
+    """A balloon type with the policy-wide values it inherits resolved."""
+
+    topology_balancing: bool
+    spread_on_physical_cores: bool
+    pin_memory: bool
+    show_in_nrt: bool
+    hide_hyperthreads: bool
+
+
+class BalloonsPolicy:
+    """The state of the balloons on one node."""
+
+    def __init__(self, topology: Topology, host_root: str = "/") -> None:
+        self.topology = topology
+        self.host_root = host_root
+        self.config: PreparedConfig | None = None
+        self.balloons: list[Balloon] = []
+        self.free = 0
+        self.initial_free = 0
+        self.allowed = 0
+        self.reserved = 0
+        self.owner: dict[str, Balloon] = {}
+        self.options: dict[str, TypeOptions] = {}
+        self.trees: dict[str, CpuTreeAllocator] = {}
+        self.types: dict[str, BalloonType] = {}
+
+    # -- configuration (§3 setConfig) ------------------------------------------------
+
+    def set_config(self, prepared: PreparedConfig) -> None:
+        """Start over with ``prepared``: no balloons but the pre-created ones."""
+        spec = prepared.spec
+        topo = self.topology
+        self.config = prepared
+        self.allowed = (
+            prepared.allowed if prepared.allowed is not None else topo.online
+        ) & topo.online
+        self.reserved = (prepared.reserved or 0) & self.allowed
+        self.types = {t.name: t for t in prepared.balloon_types}
+        self.options = {
+            t.name: TypeOptions(
+                topology_balancing=_pick(
+                    t.allocator_topology_balancing, spec.allocator_topology_balancing
+                ),
+                spread_on_physical_cores=_pick(
+                    t.prefer_spread_on_physical_cores, spec.prefer_spread_on_physical_cores
+                ),
+                pin_memory=_pick(t.pin_memory, spec.pin_memory),
+                show_in_nrt=_pick(t.show_containers_in_nrt, bool(spec.show_containers_in_nrt)),
+                hide_hyperthreads=bool(t.hide_hyperthreads),
+            )
+            for t in prepared.balloon_types
+        }
+        self._build_trees(prepared)
+        self.balloons = []
+        self.owner = {}
+        self.free = self.allowed
+        for prio in PRIORITY_ORDER:
+            for bdef in prepared.balloon_types:
+                if _priority(bdef) != prio:
+                    continue
+                for i in range(bdef.min_balloons):
+                    try:
+                        self.balloons.append(self._new_balloon(bdef))
+                    except BalloonsError as exc:
+                        raise BalloonsError(
+                            f"failed to create balloon '{bdef.name}[{i}]' as required by "
+                            f"MinBalloons={bdef.min_balloons}: {exc}"
+                        ) from None
+        self.initial_free = self.free
+        self._share_idle()
+        log.info("balloons policy balloons:")
+        for i, bln in enumerate(self.balloons):
+            log.info("- balloon %d: %s", i, bln)
+
+    def _build_trees(self, prepared: PreparedConfig) -> None:
+        resolver = DeviceResolver(self.topology, self.host_root, self.reserved)
+        reserved_cpuset = bool(prepared.reserved)
+        close = {
+            t.name: close_devices(t, prepared.reserved_type.name, reserved_cpuset)
+            for t in prepared.balloon_types
+        }
+        far = far_devices(close, bool(self.topology.isolated))
+        self.trees = {}
+        for t in prepared.balloon_types:
+            opts = self.options[t.name]
+            self.trees[t.name] = CpuTreeAllocator(
+                self.topology,
+                topology_balancing=opts.topology_balancing,
+                prefer_spread_on_physical_cores=opts.spread_on_physical_cores,
+                prefer_close_to=_masks(resolver, close[t.name]),
+                prefer_far_from=_masks(resolver, far[t.name]),
+            )
+
+    # -- choosing the type (§5) ------------------------------------------------------
+
+    def preserved(self, pod: Pod, container: Container) -> bool:
+        """Containers the policy leaves alone (annotation or ``preserve``)."""
+        if ann.parse_bool(ann.effective(ann.CPU_PRESERVE, pod, container)):
+            log.info(
+                "not handling resources of container %s, preserving CPUs %r and memory %r",
+                _pretty(pod, container),
+                container.cpus,
+                container.resources.cpu.mems
+                if container.resources and container.resources.cpu
+                else "",
+            )
+            return True
+        assert self.config is not None
+        preserve = self.config.spec.preserve
+        if preserve is not None:
+            subject = Subject(container, pod)
+            for expr in preserve.match_expressions:
+                if expr.evaluate_subject(subject):
+                    log.debug(
+                        "preserve container %s due to matching %s", _pretty(pod, container), expr
+                    )
+                    return True
+        return False
+
+    def choose_type(self, pod: Pod, container: Container) -> BalloonType:
+        assert self.config is not None
+        name = ann.effective(ann.BALLOON, pod, container)
+        if name is not None:
+            if name not in self.types:
+                raise BalloonsError(f"no balloon for annotation {quote(name)}")
+            log.debug("- annotation %r found, using balloon type %r", ann.BALLOON, name)
+            return self.types[name]
+        subject = Subject(container, pod)
+        for bdef in self.config.balloon_types:
+            for expr in bdef.match_expressions:
+                if expr.evaluate_subject(subject):
+                    return bdef
+            if any(glob_match(ns, pod.namespace) for ns in bdef.namespaces):
+                log.debug(
+                    "- namespace %r matches namespaces of balloon type %r", pod.namespace, bdef.name
+                )
+                return bdef
+        log.debug("- no match found, using default balloon type %r", self.config.default_type.name)
+        return self.config.default_type
+
+    # -- choosing the instance (§6) --------------------------------------------------
+
+    def fill_chain(self, bdef: BalloonType) -> list[str]:
+        chain: list[str] = []
+        if bdef.group_by:
+            chain.append("same-group")
+        if not bdef.prefer_spreading_pods:
+            chain.append("same-pod")
+        if bdef.prefer_per_namespace_balloon:
+            chain += ["same-namespace", "new-balloon"]
+        if bdef.prefer_new_balloons:
+            chain += ["new-balloon", "balanced", "balanced-inflate"]
+        else:
+            chain += ["balanced", "balanced-inflate", "new-balloon"]
+        return chain
+
+    def instances(self, bdef: BalloonType) -> list[Balloon]:
+        return [b for b in self.balloons if b.bdef.name == bdef.name]
+
+    def choose_instance(self, bdef: BalloonType, member: Member) -> Balloon:
+        for method in self.fill_chain(bdef):
+            try:
+                candidates = self._fill(method, bdef, member)
+            except NotApplicable:
+                log.debug("fill method %r not applicable", method)
+                continue
+            if candidates:
+                log.debug(
+                    "fill method %r suggests any of balloon instances %s",
+                    method,
+                    [b.name for b in candidates],
+                )
+                return self._best(method, candidates)
+            log.debug("fill method %r not applicable", method)
+        raise BalloonsError(
+            f"balloon allocation for container {member.pretty} failed: "
+            "no suitable balloon instance available"
+        )
+
+    def _best(self, method: str, candidates: list[Balloon]) -> Balloon:
+        def key(b: Balloon) -> tuple[int, int]:
+            if method == "balanced-inflate":
+                free = b.max_free_milli(self.available(b.bdef))
+            else:
+                free = b.free_milli
+            return (-free, len(b.members))
+
+        return min(candidates, key=key)  # min keeps list order among equals
+
+    def _fill(self, method: str, bdef: BalloonType, member: Member) -> list[Balloon]:
+        req = member.request
+        mine = self.instances(bdef)
+        avail = self.available(bdef)
+        if method == "same-group":
+            if not member.group:
+                raise NotApplicable
+            return [
+                b for b in mine if b.groups[member.group] > 0 and b.max_free_milli(avail) >= req
+            ]
+        if method == "same-pod":
+            return [
+                b for b in mine if member.pod_id in b.pod_ids() and b.max_free_milli(avail) >= req
+            ]
+        if method == "same-namespace":
+            return [
+                b
+                for b in mine
+                if member.namespace in b.namespaces() and b.max_free_milli(avail) >= req
+            ]
+        if method == "balanced":
+            return [b for b in mine if b.free_milli >= req]
+        if method == "balanced-inflate":
+            return [b for b in mine if b.max_free_milli(avail) >= req]
+        if method == "new-balloon":
+            return [self._fill_new(bdef, req)]
+        raise NotApplicable
+
+    def _fill_new(self, bdef: BalloonType, req: int) -> Balloon:
+        for b in self.instances(bdef):
+            if not b.members:
+                return b  # a pre-created, empty balloon
+        avail = self.available(bdef)
+        if not avail or avail.bit_count() < bdef.min_cpus:
+            raise NotApplicable
+        try:
+            bln = self._new_balloon(bdef)
+        except BalloonsError as exc:
+            log.debug("new-balloon: %s", exc)
+            raise NotApplicable from None
+        if bln.max_avail_milli(self.available(bdef)) < req:
+            self._delete(bln, append=False)
+            raise NotApplicable
+        self.balloons.append(bln)
+        self._share_idle()
+        return bln
+
+    def _new_balloon(self, bdef: BalloonType) -> Balloon:
+        used = {b.instance for b in self.instances(bdef)}
+        if bdef.max_balloons and len(used) >= bdef.max_balloons:
+            raise BalloonsError(
+                f"cannot create new {quote(bdef.name)} balloon, "
+                f"MaxBalloons limit ({bdef.max_balloons}) reached"
+            )
+        instance = next(i for i in range(len(used) + 1) if i not in used)
+        bln = Balloon(bdef=bdef, instance=instance)
+        if bdef.min_cpus:
+            self._resize(bln, bdef.min_cpus * 1000)
+        return bln
+
+    # -- sizing (§7) -----------------------------------------------------------------
+
+    def available(self, bdef: BalloonType) -> int:
+        """Free CPUs a balloon of ``bdef`` may take. Stricter than upstream: the
+        reserved cpuset is never handed to other balloons, even under pressure
+        (upstream only steers them away from it with a soft hint)."""
+        assert self.config is not None
+        if bdef.name == self.config.reserved_type.name:
+            return self.free
+        return self.free & ~self.reserved
+
+    def _resize(self, bln: Balloon, milli: int) -> None:
+        bdef = bln.bdef
+        count = math.ceil(milli / 1000)
+        if bdef.max_cpus > 0:
+            count = min(count, bdef.max_cpus)
+        count = max(count, bdef.min_cpus)
+        current = bln.cpus.bit_count()
+        delta = count - current
+        if delta == 0:
+            return
+        log.debug("resize %s to fit %d mCPU", bln.name, milli)
+        log.debug("- change size from %d to %d full cpus", current, count)
+        tree = self.trees[bdef.name]
+        if delta > 0:
+            try:
+                add = tree.resize(bln.cpus, self.available(bdef), delta)
+            except ResizeError as exc:
+                raise BalloonsError(
+                    f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
+                    f"cpuset for allocating additional {delta} CPUs: {exc}"
+                ) from None
+            self.free &= ~add
+            bln.cpus |= add
+        else:
+            try:
+                remove = tree.resize(bln.cpus, self.free, delta)
+            except ResizeError as exc:
+                raise BalloonsError(
+                    f"resizing balloon {bln.name} failed: resize/deflate: failed to choose a "
+                    f"cpuset for releasing {-delta} CPUs: {exc}"
+                ) from None
+            bln.cpus &= ~remove
+            self.free |= remove
+
+    def _delete(self, bln: Balloon, append: bool = True) -> None:
+        log.debug("deleting balloon %s", bln.name)
+        self.free |= bln.cpus
+        bln.cpus = 0
+        if bln in self.balloons:
+            self.balloons.remove(bln)
+
+    def _share_idle(self) -> None:
+        """Shared idle CPUs of every balloon (§9)."""
+        idle = self.free & ~self.topology.isolated
+        for bln in self.balloons:
+            level = bln.bdef.share_idle_cpus_in_same
+            if not level or not bln.cpus:
+                bln.shared_idle = 0
+                continue
+            if level == "system":
+                bln.shared_idle = idle
+                continue
+            scope = 0
+            for group in self.topology.level_masks(_LEVELS.get(level, level)):  # type: ignore[arg-type]
+                if group & bln.cpus:
+                    scope |= group
+            bln.shared_idle = scope & idle
+
+    # -- containers ------------------------------------------------------------------
+
+    def member(self, pod: Pod, container: Container, bdef: BalloonType) -> Member:
+        group = ""
+        if bdef.group_by:
+            try:
+                group = expand_group(bdef.group_by, Subject(container, pod), must_resolve=True)
+            except KeyError as exc:
+                log.error(
+                    "error choosing balloon for container %r based on groupBy: %s",
+                    _pretty(pod, container),
+                    exc,
+                )
+        return Member(
+            id=container.id,
+            pod_id=pod.id,
+            namespace=pod.namespace,
+            pod_name=pod.name,
+            name=container.name,
+            request=request_milli(container),
+            limit=limit_milli(container),
+            group=group,
+        )
+
+    def allocate(self, pod: Pod, container: Container) -> Balloon | None:
+        """Place a new container; ``None`` when it is preserved (left alone)."""
+        if self.preserved(pod, container):
+            return None
+        bdef = self.choose_type(pod, container)
+        member = self.member(pod, container, bdef)
+        log.debug(
+            "allocating resources for container %s (request %d mCPU, limit %d mCPU)...",
+            member.pretty,
+            member.request,
+            member.limit,
+        )
+        bln = self.choose_instance(bdef, member)
+        need = member.request + bln.requested
+        if bln.cpus.bit_count() * 1000 < max(1, need):
+            try:
+                self._resize(bln, max(1, need))
+            except BalloonsError:
+                if not bln.members and len(self.instances(bdef)) > bdef.min_balloons:
+                    self._delete(bln)  # created for this container: do not keep it
+                    self._share_idle()
+                raise
+        bln.members[member.id] = member
+        if member.group:
+            bln.groups[member.group] += 1
+        self.owner[member.id] = bln
+        self._share_idle()
+        log.info("assigning container %s to balloon %s", member.pretty, bln)
+        return bln
+
+    def release(self, container_id: str) -> None:
+        bln = self.owner.pop(container_id, None)
+        if bln is None:
+            log.debug(
+                "ReleaseResources: balloon-less container %s, nothing to release", container_id
+            )
+            return
+        member = bln.members.pop(container_id)
+        if member.group:
+            bln.groups[member.group] -= 1
+            if bln.groups[member.group] <= 0:
+                del bln.groups[member.group]
+        try:
+            if not bln.members:
+                log.debug("all containers removed, free balloon allocation %s", bln.name)
+                self._resize(bln, 0)
+                if len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
+                    self._delete(bln)
+            else:
+                self._resize(bln, max(1, bln.requested))
+        except BalloonsError as exc:
+            log.warning("failed to deflate balloon %s: %s", bln.name, exc)
+        self._share_idle()
+
+    # -- pinning (§9) ----------------------------------------------------------------
+
+    def pinning(self, pod_of: Callable[[str], Pod | None]) -> dict[str, tuple[str, str]]:
+        """Container id -> (cpus, mems) for every container in a balloon."""
+        out: dict[str, tuple[str, str]] = {}
+        for bln in self.balloons:
+            opts = self.options[bln.bdef.name]
+            pinnable = bln.cpus | bln.shared_idle
+            mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
+            bln.mems = mems
+            mems_text = cpuset.format(mems)
+            for m in bln.members.values():
+                cpus = pinnable
+                hide = opts.hide_hyperthreads
+                pod = pod_of(m.pod_id)
+                if pod is not None:
+                    forced = ann.parse_bool(
+                        ann.effective(ann.HIDE_HYPERTHREADS, pod, Container(id=m.id, name=m.name))
+                    )
+                    if forced is not None:
+                        hide = forced
+                if hide:
+                    cpus = self.topology.single_thread(pinnable)
+                out[m.id] = (cpuset.format(cpus), mems_text)
+        return out
+
+    # -- state -----------------------------------------------------------------------
+
+    def export(self) -> dict[str, Any]:
+        return {
+            "balloons": [
+                {
+                    "type": b.bdef.name,
+                    "instance": b.instance,
+                    "cpus": cpuset.format(b.cpus),
+                    "members": [
+                        [
+                            m.id,
+                            m.pod_id,
+                            m.namespace,
+                            m.pod_name,
+                            m.name,
+                            m.request,
+                            m.limit,
+                            m.group,
+                        ]
+                        for m in b.members.values()
+                    ],
+                }
+                for b in self.balloons
+            ]
+        }
+
+    def restore(self, saved: Any, alive: set[str]) -> set[str]:
+        """Rebuild the balloons saved by :meth:`export` for containers still alive.
+
+        Returns the ids restored. Anything inconsistent (an unknown type, CPUs
+        outside the allowed set or in two balloons) makes the whole restore
+        fail, and the caller places every container afresh.
+        """
+        if not isinstance(saved, dict) or not isinstance(saved.get("balloons"), list):
+            return set()
+        balloons: list[Balloon] = []
+        taken = 0
+        try:
+            for entry in saved["balloons"]:
+                bdef = self.types[entry["type"]]
+                cpus = cpuset.parse(entry["cpus"])
+                if cpus & ~self.allowed or cpus & taken:
+                    raise ValueError(f"CPUs {entry['cpus']} of {entry['type']} not available")
+                taken |= cpus
+                bln = Balloon(bdef=bdef, instance=int(entry["instance"]), cpus=cpus)
+                for mid, pod_id, ns, pod_name, name, req, lim, group in entry["members"]:
+                    if mid in alive:
+                        bln.members[mid] = Member(mid, pod_id, ns, pod_name, name, req, lim, group)
+                        if group:
+                            bln.groups[group] += 1
+                balloons.append(bln)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("cannot restore saved balloons, placing containers anew: %s", exc)
+            return set()
+        # keep the pre-created balloons' places: replace the fresh ones
+        self.balloons = balloons
+        self.free = self.allowed & ~taken
+        self.owner = {m: b for b in balloons for m in b.members}
+        for bln in list(self.balloons):
+            if not bln.members and len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
+                self._delete(bln)
+        self._share_idle()
+        return set(self.owner)
+
+    # -- NodeResourceTopology (§14) --------------------------------------------------
+
+    def zones(self, cpus_of: Callable[[str], tuple[str, str]]) -> list[Zone]:
+        capacity = milli_quantity(self.topology.online.bit_count() * 1000)
+        zones: list[Zone] = []
+        for bln in self.balloons:
+            bdef = bln.bdef
+            alloc_cpus = self.initial_free.bit_count() + (
+                bdef.min_cpus if bdef.min_balloons > 0 else 0
+            )
+            if 0 < bdef.max_cpus < alloc_cpus:
+                alloc_cpus = bdef.max_cpus
+            zones.append(
+                Zone(
+                    name=bln.name,
+                    type="balloon",
+                    resources=[
+                        ZoneResource(
+                            name="cpu",
+                            capacity=capacity,
+                            allocatable=milli_quantity(alloc_cpus * 1000),
+                            available=milli_quantity(bln.max_free_milli(self.available(bdef))),
+                        )
+                    ],
+                    attributes=[
+                        ZoneAttribute(name="cpuset", value=cpuset.format(bln.cpus)),
+                        ZoneAttribute(name="shared cpuset", value=cpuset.format(bln.shared_idle)),
+                        ZoneAttribute(name="excess cpus", value=f"{bln.free_milli}m"),
+                    ],
+                )
+            )
+            if not self.options[bdef.name].show_in_nrt:
+                continue
+            for m in bln.members.values():
+                cpus, mems = cpus_of(m.id)
+                ncpus = cpuset.parse(cpus).bit_count() if cpus else self.topology.online.bit_count()
+                cap = m.limit if m.limit and m.limit <= ncpus * 1000 else ncpus * 1000
+                zones.append(
+                    Zone(
+                        name=m.pretty,
+                        type="allocation for container",
+                        parent=bln.name,
+                        resources=[
+                            ZoneResource(
+                                name="cpu",
+                                capacity=milli_quantity(cap),
+                                allocatable=milli_quantity(m.request),
+                                available="0",
+                            )
+                        ],
+                        attributes=[
+                            ZoneAttribute(name="cpuset", value=cpus),
+                            ZoneAttribute(name="memory set", value=mems),
+                        ],
+                    )
+                )
+        return zones
+
+    def __iter__(self) -> Iterator[Balloon]:
+        return iter(self.balloons)
+
+
+_LEVELS = {"numa": "numa", "package": "package", "die": "die", "l2cache": "l2cache", "core": "core"}
+
+
+def _pick(value: bool | None, default: bool) -> bool:
+    return default if value is None else value
+
+
+def _priority(bdef: BalloonType) -> str:
+    prio = bdef.allocator_priority or "none"
+    return prio if prio in PRIORITY_ORDER else "none"
+
+
+def _masks(resolver: DeviceResolver, devices: list[str]) -> list[int]:
+    out = []
+    for dev in devices:
+        mask = resolver.cpus(dev)
+        if mask is None:
+            continue
+        out.append(mask)
+    return out
+
+
+def _pretty(pod: Pod, container: Container) -> str:
+    return f"{pod.namespace}/{pod.name}/{container.name}"

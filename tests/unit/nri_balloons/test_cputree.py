@@ -1,0 +1,1016 @@
+"""The CPU tree allocator (nri_balloons.cputree) and the CPU helpers (nri_balloons.cpus).
+
+The first part ports upstream's ``cmd/plugins/balloons/policy/cputree_test.go``
+(``TestResizeCpus``, ``TestSplitLevel``, ``TestCpuLocations``) and the
+``TestAllocatorHelper`` cases of ``pkg/cpuallocator/cpuallocator_test.go``. The
+upstream tests build synthetic trees; here the same machines are generated as sysfs
+trees and discovered, so the tree also has the L2 level (one L2 per core).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nri_balloons.cpus import (
+    CpuAllocator,
+    CpuPriority,
+    LoadedDevice,
+    ResizeError,
+    VirtualDevice,
+    cpufreq_priorities,
+    loaded_cpus,
+    max_avail_milli_cpus,
+    share_idle,
+)
+from nri_balloons.cputree import CpuTreeAllocator, _flat_tree, _FlatTree, cpu_locations
+from nri_framework import cpuset
+from nri_framework.simulate.sysfs import N4C16, S8C4K, XEON_6776P, CpuFreqSpec, TopologySpec
+from nri_framework.simulate.sysfs import write_topology as _write_topology
+from nri_framework.topology import Topology, TreeNode
+
+P = cpuset.parse
+F = cpuset.format
+
+_CACHE: dict[TopologySpec, Topology] = {}
+_TMP: list[tempfile.TemporaryDirectory[str]] = []
+
+
+def topology(spec: TopologySpec) -> Topology:
+    """Write ``spec`` as a sysfs tree under a temporary directory and discover it
+    (once per spec for the whole module)."""
+    if spec not in _CACHE:
+        tmp = tempfile.TemporaryDirectory(prefix="cputree-")
+        _TMP.append(tmp)
+        _CACHE[spec] = Topology.from_sysfs(_write_topology(Path(tmp.name), spec))
+    return _CACHE[spec]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup() -> Iterator[None]:
+    yield
+    for tmp in _TMP:
+        tmp.cleanup()
+    _TMP.clear()
+    _CACHE.clear()
+
+
+def int5(p: int, d: int, n: int, c: int, t: int) -> TopologySpec:
+    """Upstream's ``newCpuTreeFromInt5``: packages, dies, NUMA nodes, cores, threads,
+    CPU ids thread-fastest in that order."""
+    return TopologySpec(
+        name=f"int5-{p}{d}{n}{c}{t}",
+        packages=p,
+        dies_per_package=d,
+        nodes_per_die=n,
+        cores_per_node=c,
+        threads_per_core=t,
+        numbering="qemu",
+    )
+
+
+def int5_names(p: int, d: int, n: int, c: int, t: int) -> dict[int, dict[str, str]]:
+    """CPU id -> level -> upstream's element name (``p0d1n0c01t1``)."""
+    out: dict[int, dict[str, str]] = {}
+    cpu = 0
+    for pk in range(p):
+        for di in range(d):
+            for nu in range(n):
+                for co in range(c):
+                    for th in range(t):
+                        numa = f"p{pk}d{di}n{nu}"
+                        out[cpu] = {
+                            "package": f"p{pk}",
+                            "die": f"p{pk}d{di}",
+                            "numa": numa,
+                            "core": f"{numa}c{co:02d}",
+                            "thread": f"{numa}c{co:02d}t{th}",
+                        }
+                        cpu += 1
+    return out
+
+
+# ---------------------------------------------------------------------------
+# cputree_test.go: TestResizeCpus
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    topology: tuple[int, int, int, int, int]
+    deltas: tuple[int, ...]
+    balancing: bool = False
+    spread: bool = False
+    close: tuple[str, ...] = ()
+    far: tuple[str, ...] = ()
+    allocations: tuple[int, ...] = ()
+    allocate: bool = False
+    operate_on: tuple[int, ...] = ()
+    current_on_same: tuple[str, ...] = ()
+    current_not_on_same: tuple[str, ...] = ()
+    all_on_same: tuple[str, ...] = ()
+    current_on: tuple[str, ...] = ()
+    current_not_on: tuple[str, ...] = ()
+    add_sizes: tuple[int, ...] = ()
+    disjoint: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    errors: tuple[str, ...] = ()
+    seed_ccid1: bool = False
+    """Start balloon 1 with ``allocations``. Upstream's defragmenting cases put the
+    allocations in balloon 0 and then operate on balloon 1, which the map lookup
+    makes empty, so every resize fails and every check passes vacuously; here they
+    operate on the allocations as their comments describe."""
+
+
+RESIZE_CASES = [
+    Case(
+        "first allocations",
+        (2, 2, 2, 2, 2),
+        deltas=(0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32),
+        add_sizes=(0, 1, 2, 4, 4, 8, 8, 8, 16, 16, 16, 32, 32, 32),
+    ),
+    Case(
+        "too large an allocation",
+        (2, 2, 2, 2, 2),
+        deltas=(33,),
+        errors=("not enough free CPUs",),
+    ),
+    Case(
+        "spread allocations",
+        (2, 2, 2, 2, 2),
+        balancing=True,
+        deltas=(1, 1, 1, 1, 1, 1, 1, 1),
+        allocate=True,
+        operate_on=(1, 2, 3, 4, 5, 6, 7, 8),
+        disjoint=(
+            ("", ()),
+            ("package", (1, 2)),
+            ("die", (1, 2, 3)),
+            ("die", (1, 2, 3, 4)),
+            ("numa", (1, 2, 3, 4, 5)),
+            ("numa", (1, 2, 3, 4, 5, 6)),
+            ("numa", (1, 2, 3, 4, 5, 6, 7)),
+            ("numa", (1, 2, 3, 4, 5, 6, 7, 8)),
+        ),
+    ),
+    Case(
+        "spread allocations2",
+        (4, 1, 4, 8, 2),
+        balancing=True,
+        deltas=(1, 3, 2, 4, 1, 4, 2, 4),
+        allocate=True,
+        operate_on=(1, 2, 3, 4, 5, 6, 7, 8),
+        disjoint=(
+            ("", ()),
+            ("package", (1, 2)),
+            ("package", (1, 2, 3)),
+            ("package", (1, 2, 3, 4)),
+            ("numa", (1, 2, 3, 4, 5)),
+            ("numa", (1, 2, 3, 4, 5, 6)),
+            ("numa", (1, 2, 3, 4, 5, 6, 7)),
+            ("numa", (1, 2, 3, 4, 5, 6, 7, 8)),
+        ),
+    ),
+    Case(
+        "pack allocations",
+        (2, 2, 2, 2, 2),
+        deltas=(1, 1, 1, 1),
+        allocate=True,
+        operate_on=(1, 2, 3, 4, 5),
+        all_on_same=("", "core", "numa", "numa", "die", "die"),
+    ),
+    Case(
+        "inflate",
+        (2, 2, 2, 2, 2),
+        allocate=True,
+        # cpu0..3 on numa n0 of die d0, cpu4..7 on n1, then cpu8..15 on die d1
+        deltas=(1, 1, 1, 1, 1, 3, 6, 1, 1),
+        operate_on=(1, 1, 1, 1, 1, 1, 1, 1, 1),
+        current_on_same=(
+            "core",
+            "core",
+            "numa",
+            "numa",
+            "die",
+            "die",
+            "package",
+            "package",
+            "package",
+        ),
+        add_sizes=(1, 1, 1, 1, 1, 3, 8, 1, 1),
+    ),
+    Case(
+        "defragmenting single removals",
+        (2, 2, 2, 2, 2),
+        allocations=(0, 2, 3, 7, 10, 17, 18),
+        allocate=True,
+        seed_ccid1=True,
+        deltas=(-1, -1, -1, -1, -1, -1, -1),
+        operate_on=(1, 1, 1, 1, 1, 1, 1),
+        # release cpu17/18, cpu17/18, cpu10, cpu7, cpu0, then cpu2/3
+        current_on_same=("", "package", "die", "numa", "core", "core", "core"),
+        current_not_on=("", "p1", "p0d1", "p0d0n1", "p0d0n0c00"),
+    ),
+    Case(
+        "defragmenting multi-removals",
+        (2, 2, 2, 2, 2),
+        allocations=(0, 2, 4, 6, 8, 9, 10, 24, 25, 26, 27, 28, 29, 30, 31),
+        allocate=True,
+        seed_ccid1=True,
+        # from p0d1n0; the rest of p0d1; all of p0 and one of p1d1nX; the rest of
+        # p1d1nX => all on the same NUMA node
+        deltas=(-2, -1, -5, -3),
+        operate_on=(1, 1, 1, 1),
+        current_on_same=("", "", "die", "numa"),
+        current_not_on=("", "p0d1", "p0", ""),
+    ),
+    Case(
+        "gentle rebalancing",
+        (2, 1, 1, 16, 2),  # 2 packages x 16 cores x 2 threads
+        deltas=(
+            # 8 sets; the last 14 CPUs fill package 0 and spill over to package 1
+            *(4, 4, 14, 7, 7, 4, 4, 14),
+            # make a little room in package 0
+            *(-2, -2, -2, -2),
+            # deflate/inflate the last set: it gradually moves to package 0
+            *(-1, 1, -1, 1, -1, 1, -1, 1),
+        ),
+        operate_on=(1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8, 8),
+        allocate=True,
+        current_on_same=(
+            *("package",) * 7,
+            "",
+            *("",) * 4,
+            *("",) * 6,
+            "package",
+            "package",
+        ),
+    ),
+    Case(
+        "prefer spread on physical cores",
+        (4, 1, 4, 8, 2),
+        balancing=True,
+        spread=True,
+        deltas=(
+            # one thread from each core of the same NUMA node
+            *(2, 1, 4, 1),
+            # three other sets, each in its own package (topology balancing)
+            *(3, 9, 16),
+            # grow the first: 3+4 fit in its NUMA node, of the last 3 the first
+            # fills the node and 2 go to another node of the same package
+            *(3, 4, 3),
+            # release the 2 on the other node and put them back
+            *(-2, 2),
+            # release 2+8: the rest are single threads on their own cores
+            -10,
+        ),
+        allocate=True,
+        operate_on=(1, 1, 1, 1, 2, 3, 4, 1, 1, 1, 1, 1, 1),
+        current_on_same=(
+            *("numa",) * 4,
+            *("numa",) * 3,
+            "numa",
+            "numa",
+            "package",
+            "numa",
+            "package",
+            "numa",
+        ),
+        current_not_on_same=(
+            *("core",) * 4,
+            "core",
+            "",
+            "",
+            *("",) * 3,
+            "",
+            "",
+            "core",
+        ),
+        disjoint=(
+            ("", ()),
+            ("", ()),
+            ("", ()),
+            ("", ()),
+            ("package", (1, 2)),
+            ("package", (1, 2, 3)),
+            ("package", (1, 2, 3, 4)),
+        ),
+    ),
+    Case(
+        "prefer close to devices",
+        (2, 1, 2, 2, 2),
+        balancing=True,
+        spread=True,
+        close=(
+            "4-7",  # close to p0d0n1c*
+            "3",  # close to p0d0n0c01t1
+            "2-7",  # close to p0d0n*
+        ),
+        far=("0-1",),  # far from p0d0n0c00t*
+        deltas=(1, 3, 1, -1, 4, -3, 1, -1),
+        allocate=True,
+        # balloon 1 gets cpus 4-7; balloon 2 cannot get enough from 2-7
+        operate_on=(1, 1, 1, 1, 2, 2, 2, 2),
+        current_on=("p0d0n1", "p0d0n1", "p0d0", "p0d0n1", "p1", "p1", "", "p0d0n0c01t1"),
+        current_not_on=(
+            "p0d0n0",
+            "p0d0n0",
+            "p0d0n0c00",
+            "p0d0n0",
+            "p0d0n0c00",
+            "p0d0n0c00",
+            "p0d0n0c00",
+            "p0d0n0c00",
+        ),
+    ),
+]
+
+
+def _elements(names: dict[int, dict[str, str]], level: str, cpus: int) -> list[str]:
+    return [names[c][level] for c in cpuset.ids(cpus)]
+
+
+def _verify_same(names: dict[int, dict[str, str]], level: str, cpus: int, inversed: bool) -> None:
+    # upstream doVerifySame: every CPU is compared with the first one
+    elements = _elements(names, level, cpus)
+    for other in elements[1:]:
+        if inversed:
+            assert other != elements[0], f"{F(cpus)}: expected not the same {level}"
+        else:
+            assert other == elements[0], f"{F(cpus)}: expected the same {level}"
+
+
+def _at(seq: tuple[str, ...], i: int) -> str:
+    return seq[i] if i < len(seq) else ""
+
+
+@pytest.mark.parametrize("mode", ["candidates", "resize"])
+@pytest.mark.parametrize("case", RESIZE_CASES, ids=lambda c: c.name)
+def test_resize_cpus(case: Case, mode: str) -> None:
+    """cputree_test.go TestResizeCpus. ``candidates`` mode is upstream's test (take
+    the lowest CPUs of ``ResizeCpus``'s candidate set); ``resize`` mode checks the
+    same expectations with the final pick of :class:`CpuAllocator`."""
+    topo = topology(int5(*case.topology))
+    names = int5_names(*case.topology)
+    alloc = CpuTreeAllocator(
+        topo,
+        topology_balancing=case.balancing,
+        prefer_spread_on_physical_cores=case.spread,
+        prefer_close_to=[P(s) for s in case.close],
+        prefer_far_from=[P(s) for s in case.far],
+    )
+    current = cpuset.from_ids(case.allocations)
+    free = topo.online & ~current
+    ccids = {0: current}
+    if case.seed_ccid1:
+        ccids = {1: current}
+    for i, delta in enumerate(case.deltas):
+        op = case.operate_on[i] if i < len(case.operate_on) else 0
+        if op > 0:
+            current = ccids.get(op, 0)
+        error = ""
+        added = removed = 0
+        if mode == "candidates":
+            try:
+                add_from, remove_from = alloc.candidates(current, free, delta)
+            except ResizeError as exc:
+                add_from = remove_from = 0
+                error = str(exc)
+            if i < len(case.add_sizes):
+                assert add_from.bit_count() == case.add_sizes[i], f"step {i}: {F(add_from)}"
+            added = cpuset.lowest(add_from, delta)
+            removed = cpuset.lowest(remove_from, -delta)
+        else:
+            try:
+                got = alloc.resize(current, free, delta)
+            except ResizeError as exc:
+                got = 0
+                error = str(exc)
+            else:
+                assert got.bit_count() == abs(delta)
+            added, removed = (got, 0) if delta > 0 else (0, got)
+            assert not added & ~free
+            assert not removed & ~current
+        if i < len(case.errors):
+            assert case.errors[i] in error
+        else:
+            assert not error, f"step {i}: {error}"
+        if not case.allocate:
+            continue
+        free = (free & ~added) | removed
+        current |= added
+        if op > 0:
+            current &= ~removed
+            ccids[op] = current
+        ctx = f"step {i} (delta {delta}): current {F(current)}"
+        if level := _at(case.current_on_same, i):
+            _verify_same(names, level, current, False)
+        if level := _at(case.current_not_on_same, i):
+            _verify_same(names, level, current, True)
+        if region := _at(case.current_on, i):
+            assert all(region in names[c]["thread"] for c in cpuset.ids(current)), ctx
+        if region := _at(case.current_not_on, i):
+            assert not any(region in names[c]["thread"] for c in cpuset.ids(current)), ctx
+        if level := _at(case.all_on_same, i):
+            union = 0
+            for cpus in ccids.values():
+                union |= cpus
+            _verify_same(names, level, union, False)
+        if i < len(case.disjoint) and case.disjoint[i][0]:
+            level, ids = case.disjoint[i]
+            for a in range(len(ids)):
+                for b in range(a + 1, len(ids)):
+                    ea = set(_elements(names, level, ccids.get(ids[a], 0)))
+                    eb = set(_elements(names, level, ccids.get(ids[b], 0)))
+                    assert not ea & eb, f"{ctx}: balloons {ids[a]} and {ids[b]} share {level}"
+
+
+def _reference_tree(topo: Topology, spread: bool) -> list[tuple[str, int, int]]:
+    """Upstream's tree as ``(name, cpus, depth)`` in preorder, split at the NUMA level
+    by thread index when ``spread`` (``SplitLevel``), without any simplification."""
+    classes: dict[int, int] = {}
+    for info in topo.cpus.values():
+        classes[info.thread] = classes.get(info.thread, 0) | 1 << info.id
+    out: list[tuple[str, int, int]] = []
+
+    def visit(node: TreeNode, d: int, cmask: int) -> None:
+        cpus = node.cpus & cmask
+        if not cpus:
+            return
+        out.append((node.name, cpus, d))
+        if spread and node.level == "numa" and cmask == -1:
+            for k in sorted(classes):
+                if cpus & classes[k]:
+                    out.append((f"{node.name}class{k}", cpus & classes[k], d + 1))
+                    for child in node.children:
+                        visit(child, d + 2, classes[k])
+        else:
+            for child in node.children:
+                visit(child, d + 1, cmask)
+
+    visit(topo.tree(), 0, -1)
+    return out
+
+
+def _reference_max_local_set(
+    tree: list[tuple[str, int, int]], current: int, free: int, delta: int, balancing: bool
+) -> tuple[int, int]:
+    """``resizeCpusMaxLocalSet`` as upstream writes it: ``ToAttributedSlice`` with the
+    filter, then ``sort.Slice`` with ``sorterAllocate``/``sorterRelease``."""
+    attrs = []
+    skip_below = None
+    paths: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {-1: ((), ())}
+    for name, cpus, d in tree:
+        if skip_below is not None and d > skip_below:
+            continue
+        skip_below = None
+        cc, fc = (cpus & current).bit_count(), (cpus & free).bit_count()
+        if (delta > 0 and fc < delta) or (delta < 0 and cc < -delta):
+            skip_below = d
+            continue
+        cpath, fpath = paths[d - 1]
+        paths[d] = ((*cpath, cc), (*fpath, fc))
+        attrs.append((name, cpus, d, paths[d][0], paths[d][1]))
+
+    def allocate(a: tuple, b: tuple) -> int:  # type: ignore[type-arg]
+        if a[2] != b[2]:
+            return -1 if a[2] > b[2] else 1
+        if a[3] != b[3]:
+            return -1 if a[3] > b[3] else 1
+        if a[4] != b[4]:
+            if balancing:
+                return -1 if a[4] > b[4] else 1
+            return -1 if a[4] < b[4] else 1
+        return -1 if a[0] < b[0] else (1 if a[0] > b[0] else 0)
+
+    def release(a: tuple, b: tuple) -> int:  # type: ignore[type-arg]
+        if a[2] != b[2]:
+            return -1 if a[2] > b[2] else 1
+        if a[3] != b[3]:
+            return -1 if a[3] < b[3] else 1
+        if a[4] != b[4]:
+            return -1 if a[4] < b[4] else 1
+        return -1 if a[0] > b[0] else (1 if a[0] < b[0] else 0)
+
+    if not attrs:
+        raise ResizeError("not enough free CPUs")
+    attrs.sort(key=functools.cmp_to_key(allocate if delta > 0 else release))
+    return free & attrs[0][1], current & attrs[0][1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    spec=st.sampled_from(
+        [
+            N4C16,
+            int5(2, 2, 2, 2, 2),
+            dataclasses.replace(N4C16, name="n4c16-l2x2", cores_per_l2=2),
+            dataclasses.replace(N4C16, name="n4c16-sparse", online="0-5,9,12-15"),
+            TopologySpec(name="t3", packages=2, cores_per_node=3, threads_per_core=3),
+        ]
+    ),
+    balancing=st.booleans(),
+    spread=st.booleans(),
+    data=st.data(),
+)
+def test_max_local_set_matches_upstream_sort(
+    spec: TopologySpec, balancing: bool, spread: bool, data: st.DataObject
+) -> None:
+    """The one-pass max-local-set (subtree pruning, incremental keys, leaf scan,
+    dropped single-child levels) chooses the node upstream's full sort chooses."""
+    topo = topology(spec)
+    ids = cpuset.ids(topo.online)
+    owner = data.draw(st.lists(st.sampled_from("cfo"), min_size=len(ids), max_size=len(ids)))
+    current = cpuset.from_ids(c for c, o in zip(ids, owner, strict=True) if o == "c")
+    free = cpuset.from_ids(c for c, o in zip(ids, owner, strict=True) if o == "f")
+    sign = data.draw(st.sampled_from([1, -1]))
+    avail = free if sign > 0 else current
+    if not avail:
+        return
+    delta = sign * data.draw(st.integers(1, avail.bit_count()))
+    alloc = CpuTreeAllocator(
+        topo, topology_balancing=balancing, prefer_spread_on_physical_cores=spread
+    )
+    expected = _reference_max_local_set(
+        _reference_tree(topo, spread), current, free, delta, balancing
+    )
+    assert alloc._max_local_set(5, current, free, delta) == expected
+
+
+def test_split_level() -> None:
+    """cputree_test.go TestSplitLevel: with preferSpreadOnPhysicalCores the NUMA
+    level is split by thread index, so sibling threads land in different classes
+    under the same NUMA node."""
+    topo = topology(int5(2, 2, 2, 4, 2))
+    plain, split = _flat_tree(topo, False), _flat_tree(topo, True)
+
+    def ancestors(t: _FlatTree, cpu: int) -> list[str]:
+        i = next(i for i, m in enumerate(t.masks) if m == 1 << cpu and t.end[i] == i + 1)
+        chain = []
+        while i < len(t.masks):
+            chain.append(t.names[i])
+            i = t.parent[i]
+        return chain  # leaf first
+
+    # 62 and 63 are threads of one core in the original tree
+    a62, a63 = ancestors(plain, 62), ancestors(plain, 63)
+    assert a62[0] == "p1d1n7cpu62t62" and a63[0] == "p1d1n7cpu62t63"
+    assert a62[1] == a63[1] == "p1d1n7cpu62"
+    # in the split tree they are in different classes of the same NUMA node (the
+    # one-thread core and L2 copies under a class are dropped as trivial levels)
+    s62, s63 = ancestors(split, 62), ancestors(split, 63)
+    assert s62[1] == "p1d1n7class0" and s63[1] == "p1d1n7class1"
+    assert s62[2] == s63[2] == "p1d1n7"
+    # the reference (unsimplified) tree has the copied cores with one thread each
+    ref = _reference_tree(topo, True)
+    copies = [(name, cpus) for name, cpus, _ in ref if name == "p1d1n7cpu62"]
+    assert copies == [("p1d1n7cpu62", 1 << 62), ("p1d1n7cpu62", 1 << 63)]
+
+
+def test_cpu_locations() -> None:
+    """cputree_test.go TestCpuLocations (from the system node; index 4 is the L2
+    level here, so cores are at 5)."""
+    topo = topology(int5(2, 2, 2, 4, 2))
+    locations = cpu_locations(topo, cpuset.from_ids([0, 1, 3, 4, 16]))
+    assert len(locations) == 7
+    assert locations[0] == ["system"]
+    assert locations[1] == ["p0"]
+    assert locations[2] == ["p0d0", "p0d1"]
+    assert locations[3] == ["p0d0n0", "p0d1n2"]
+    assert len(locations[5]) == 4
+    assert locations[6] == [
+        "p0d0n0cpu0t0",
+        "p0d0n0cpu0t1",
+        "p0d0n0cpu2t3",
+        "p0d0n0cpu4t4",
+        "p0d1n2cpu16t16",
+    ]
+
+
+# ---------------------------------------------------------------------------
+# cpuallocator_test.go: TestAllocatorHelper
+
+# "2-socket-4-node-40-core": packages 0-19,40-59 and 20-39,60-79.
+TWO_SOCKET_40 = TopologySpec(
+    name="2-socket-4-node-40-core",
+    packages=2,
+    nodes_per_die=2,
+    cores_per_node=10,
+    threads_per_core=2,
+    numbering="smt-last",
+)
+
+
+@pytest.mark.parametrize(
+    ("from_", "prefer", "cnt", "expected"),
+    [
+        ("2,3,10-14,20", CpuPriority.NORMAL, 9, None),  # too few available CPUs
+        ("2,3,10-14,20", CpuPriority.NORMAL, 8, "2,3,10-14,20"),  # all available CPUs
+        ("2,3,10-25", CpuPriority.HIGH, 4, "2-3,15,17"),  # prefer high priority CPUs
+    ],
+)
+def test_allocator_helper(from_: str, prefer: CpuPriority, cnt: int, expected: str | None) -> None:
+    topo = topology(TWO_SOCKET_40)
+    # Fake CPU priorities: 5 cores of package 0 are high priority.
+    prios = {
+        CpuPriority.HIGH: P("2,5,8,15,17,42,45,48,55,57"),
+        CpuPriority.NORMAL: P("20-39,60-79"),
+        CpuPriority.LOW: P("0,1,3,4,6,7,9-14,16,18,19,40,41,43,44,46,47,49-54,56,58,59"),
+    }
+    alloc = CpuAllocator(topo, prios)
+    if expected is None:
+        with pytest.raises(ResizeError, match=f"does not have {cnt} CPUs"):
+            alloc.allocate(P(from_), cnt, prefer)
+    else:
+        assert F(alloc.allocate(P(from_), cnt, prefer)) == F(P(expected))
+
+
+def test_allocator_prefers_idle_packages_then_cores() -> None:
+    topo = topology(N4C16)
+    alloc = CpuAllocator(topo)
+    # a whole idle package first
+    assert F(alloc.allocate(P("0-7,9-15"), 8)) == "0-7"
+    # then idle cores (lowest first), then a single thread from the package
+    # already used, preferring the CPU whose core has fewer free threads
+    assert alloc.allocate(P("1,2-3,5,8-9"), 3) == P("1-3")
+    assert alloc.allocate(P("1,2-3,5,8-9"), 4) == P("2-3,8-9")
+    # release keeps a whole core and gives up the rest
+    released = alloc.release(P("0-3"), 2)
+    assert released in (P("0-1"), P("2-3"))
+
+
+def test_allocator_priority_low_and_cpufreq_priorities() -> None:
+    spec = dataclasses.replace(
+        N4C16,
+        name="n4c16-ecores",
+        efficient_cpus="12-15",
+        cpufreq=CpuFreqSpec(800_000, 2_000_000, 3_000_000),
+    )
+    topo = topology(spec)
+    prios = cpufreq_priorities(topo)
+    assert prios[CpuPriority.LOW] == P("12-15")
+    assert prios[CpuPriority.NORMAL] == P("0-11")
+    alloc = CpuAllocator(topo)
+    # low priority requests take E-cores first, others avoid them
+    assert alloc.allocate(P("0-15"), 2, CpuPriority.LOW) & ~P("12-15") == 0
+    assert alloc.allocate(P("6-15"), 2, CpuPriority.NORMAL) & P("12-15") == 0
+    assert CpuPriority.parse("HIGH") is CpuPriority.HIGH
+    assert CpuPriority.parse("") is CpuPriority.NONE
+    assert str(CpuPriority.NORMAL) == "normal"
+
+
+def test_cache_groups_on_l3_per_numa() -> None:
+    """SNC: L3 per NUMA node gives the allocator cache groups; a 4-CPU pick from a
+    system with one partly used group takes an idle one."""
+    spec = dataclasses.replace(XEON_6776P, name="xeon-snc-l3", l3_scope="numa")
+    topo = topology(spec)
+    alloc = CpuAllocator(topo)
+    assert len(alloc._cache_groups) == 4
+    node0, node1 = topo.node_masks[0], topo.node_masks[1]
+    free = (node0 & ~P("0")) | node1
+    got = alloc.allocate(free, 4)
+    assert got & ~node1 == 0  # the idle group, not the fragmented one
+
+
+# ---------------------------------------------------------------------------
+# behaviour on discovered machines
+
+
+def fresh(topo: Topology, **kwargs: object) -> CpuTreeAllocator:
+    return CpuTreeAllocator(topo, **kwargs)  # type: ignore[arg-type]
+
+
+def new_balloons(topo: Topology, sizes: list[int], **kwargs: object) -> list[int]:
+    free = topo.online
+    out = []
+    for n in sizes:
+        got = fresh(topo, **kwargs).resize(0, free, n)
+        free &= ~got
+        out.append(got)
+    return out
+
+
+def test_balancing_spreads_new_balloons_across_packages() -> None:
+    topo = topology(N4C16)
+    balloons = new_balloons(topo, [2, 2, 2, 2], topology_balancing=True)
+    packages = [topo.cpus[cpuset.ids(b)[0]].package for b in balloons]
+    assert packages == [0, 1, 0, 1]  # alternate packages
+    nodes = [topo.closest_nodes(b) for b in balloons]
+    assert all(n.bit_count() == 1 for n in nodes) and len(set(nodes)) == 4  # own NUMA node
+    for b in balloons:
+        assert b in topo.core_masks.values()  # a whole core each
+
+
+def test_packing_fills_one_numa_node_first() -> None:
+    topo = topology(N4C16)
+    a, b, c = new_balloons(topo, [2, 2, 2], topology_balancing=False)
+    assert a | b == topo.node_masks[0]
+    assert c & topo.node_masks[1] == c  # then the next node of the same package
+
+
+def test_prefer_spread_on_physical_cores_one_thread_per_core() -> None:
+    topo = topology(N4C16)
+    spread = fresh(topo, prefer_spread_on_physical_cores=True, topology_balancing=True).resize(
+        0, topo.online, 2
+    )
+    assert len({topo.cpus[c].core for c in cpuset.ids(spread)}) == 2
+    plain = fresh(topo, topology_balancing=True).resize(0, topo.online, 2)
+    assert plain in topo.core_masks.values()
+    # on a big machine: 16 CPUs of one NUMA node on 16 different cores
+    xeon = topology(XEON_6776P)
+    alloc = fresh(xeon, prefer_spread_on_physical_cores=True, topology_balancing=True)
+    cur, free = 0, xeon.online
+    for step in (3, 5, 8):
+        got = alloc.resize(cur, free, step)
+        cur, free = cur | got, free & ~got
+    assert cur.bit_count() == 16
+    assert xeon.single_thread(cur) == cur  # no two threads of one core
+    assert len({xeon.cpus[c].node for c in cpuset.ids(cur)}) == 1
+
+
+def test_growing_balloon_stays_local() -> None:
+    topo = topology(N4C16)
+    for balancing in (True, False):
+        alloc = fresh(topo, topology_balancing=balancing)
+        cur, free = 0, topo.online
+        seen_nodes = []
+        for _ in range(8):
+            got = alloc.resize(cur, free, 1)
+            cur, free = cur | got, free & ~got
+            seen_nodes.append(topo.closest_nodes(cur).bit_count())
+        # fills its NUMA node (4 CPUs) before spilling, then stays in the package
+        assert seen_nodes == [1, 1, 1, 1, 2, 2, 2, 2]
+        assert topo.closest_nodes(cur) in (0b11, 0b1100)
+
+
+def test_growing_balloon_stays_local_with_neighbours() -> None:
+    topo = topology(N4C16)
+    # another balloon holds node 0; ours starts on node 1
+    other = topo.node_masks[0]
+    cur = P("4")
+    free = topo.online & ~other & ~cur
+    for balancing in (True, False):
+        alloc = fresh(topo, topology_balancing=balancing)
+        # what fits in its NUMA node stays there
+        assert alloc.resize(cur, free, 3) == P("5-7")
+        # the whole delta must fit in one subtree: 5 CPUs come from package 1
+        got = alloc.resize(cur, free, 5)
+        assert got & ~topo.package_masks[1] == 0 and got.bit_count() == 5
+
+
+def test_deflate_releases_cpus_farthest_from_the_rest() -> None:
+    topo = topology(N4C16)
+    alloc = fresh(topo)
+    cur = P("0-3,8")  # node 0 plus a stray CPU on package 1
+    free = topo.online & ~cur
+    assert alloc.resize(cur, free, -1) == P("8")
+    cur = P("0-3,6-7,12")
+    free = topo.online & ~cur
+    released = alloc.resize(cur, free, -3)
+    assert released == P("6-7,12")
+
+
+def test_prefer_close_to_hint_honoured_when_it_fits() -> None:
+    """test10-allocator-opts device-node2: the balloon lands on node 2 when the
+    request fits there and ignores the hint when it does not."""
+    topo = topology(N4C16)
+    node2 = topo.node_masks[2]
+    alloc = fresh(
+        topo, prefer_spread_on_physical_cores=True, topology_balancing=True, prefer_close_to=[node2]
+    )
+    got = alloc.resize(0, topo.online, 3)
+    assert got & ~node2 == 0
+    # node 2 partly taken: 3 CPUs do not fit any more, the hint is dropped
+    free = topo.online & ~P("8-9")
+    got = alloc.resize(0, free, 3)
+    assert got.bit_count() == 3 and got & ~free == 0
+    # alternatives in one hint: the first that fits wins
+    alloc.prefer_close_to = [[P("0-1"), P("12-15")]]
+    got = alloc.resize(0, topo.online, 2)
+    assert got == P("0-1")
+    # a virtual device is read at every resize
+    device = VirtualDevice("dev", [P("14-15")])
+    alloc.prefer_close_to = [device]
+    assert alloc.resize(0, topo.online, 2) == P("14-15")
+    device.cpusets = [P("6-7")]
+    assert alloc.resize(0, topo.online, 2) == P("6-7")
+
+
+def test_prefer_far_from_avoided_when_possible() -> None:
+    topo = topology(N4C16)
+    far = P("0-11")
+    alloc = fresh(topo, prefer_far_from=[far])
+    got = alloc.resize(0, topo.online, 4)
+    assert got & far == 0
+    # only 2 CPUs outside the far set are free: the hint is dropped
+    free = topo.online & ~P("12-13")
+    got = alloc.resize(0, free, 4)
+    assert got.bit_count() == 4 and got & ~free == 0
+    # close-to wins over far-from (priority order)
+    alloc = fresh(topo, prefer_close_to=[P("0-3")], prefer_far_from=[P("0-7")])
+    assert alloc.resize(0, topo.online, 2) & ~P("0-3") == 0
+
+
+def test_deflate_with_hints_keeps_hinted_cpus() -> None:
+    topo = topology(N4C16)
+    alloc = fresh(topo, prefer_close_to=[P("4-7")])
+    cur = P("2-7")
+    released = alloc.resize(cur, topo.online & ~cur, -2)
+    assert released == P("2-3")
+
+
+def test_loaded_core_device_avoids_sibling_threads() -> None:
+    """test15-loadclasses pre-reserved-avx: a balloon with an ``avx`` load
+    (level core, overloadsLevelInBalloon) never uses two threads of one core."""
+    topo = topology(N4C16)
+    avx = LoadedDevice(topo, "core", update_on_every_cpu=True)
+    alloc = fresh(topo, prefer_far_from=[avx], on_cpu_pick=avx.add)
+    avx.load(0)
+    cur, free = 0, topo.online & ~P("1")  # the reserved balloon holds CPU 1
+    got = alloc.resize(cur, free, 2)
+    cur, free = cur | got, free & ~got
+    assert topo.single_thread(cur) == cur
+    avx.load(cur)
+    got = alloc.resize(cur, free, 2)
+    cur |= got
+    assert cur.bit_count() == 4 and topo.single_thread(cur) == cur
+    # a second avx balloon avoids the cores of the first one
+    avx.load(cur)
+    other = fresh(topo, prefer_far_from=[avx], on_cpu_pick=avx.add).resize(0, free & ~got, 2)
+    assert topo.siblings(other) & cur == 0
+
+
+def test_loaded_l2cache_device() -> None:
+    spec = dataclasses.replace(N4C16, name="n4c16-l2x2", cores_per_l2=2)
+    topo = topology(spec)
+    assert loaded_cpus(topo, "l2cache", P("1")) == P("0-3")
+    assert loaded_cpus(topo, "core", P("1,5")) == P("0-1,4-5")
+    membw = LoadedDevice(topo, "l2cache")
+    membw.load(P("0"))
+    got = fresh(topo, prefer_far_from=[membw]).resize(0, topo.online & ~P("0"), 1)
+    assert got & P("0-3") == 0
+    with pytest.raises(ValueError, match="not implemented load level"):
+        LoadedDevice(topo, "numa")  # type: ignore[arg-type]
+
+
+def test_big_and_sparse_topologies() -> None:
+    xeon = topology(XEON_6776P)
+    assert xeon.online.bit_count() == 256
+    got = new_balloons(xeon, [8, 8, 8, 8], topology_balancing=True)
+    assert [xeon.closest_nodes(b).bit_count() for b in got] == [1, 1, 1, 1]
+    assert len({xeon.closest_nodes(b) for b in got}) == 4
+    for b in got:
+        assert xeon.siblings(b) == b  # whole cores (threads n and n+128)
+    s8 = topology(S8C4K)
+    assert F(s8.online) == "0-2,511,1535,4095"
+    alloc = fresh(s8, topology_balancing=True, prefer_close_to=[s8.node_masks[7]])
+    cur = alloc.resize(0, s8.online, 1)
+    assert cur == P("4095")
+    more = alloc.resize(cur, s8.online & ~cur, 3)
+    assert more & ~s8.online == 0 and more.bit_count() == 3
+    # packing fills the fullest package first; balancing the emptiest (package 0
+    # holds 0-2 and 511, packages 2 and 7 one CPU each)
+    assert new_balloons(s8, [1, 1, 1, 1], topology_balancing=False) == [
+        P("1535"),
+        P("4095"),
+        P("0"),
+        P("1"),
+    ]
+    assert new_balloons(s8, [2, 1, 1], topology_balancing=True) == [P("0-1"), P("2"), P("511")]
+
+
+def test_resize_errors() -> None:
+    topo = topology(N4C16)
+    alloc = fresh(topo)
+    with pytest.raises(
+        ResizeError,
+        match=r"^not enough free CPUs \(2\) to resize current CPU set from 1 to 4 CPUs$",
+    ):
+        alloc.resize(P("0"), P("4-5"), 3)
+    with pytest.raises(ResizeError, match=r"^not enough current CPUs \(1\) to release 2 CPUs$"):
+        alloc.resize(P("0"), P("4-5"), -2)
+    assert isinstance(ResizeError("x"), ValueError)
+    assert alloc.resize(P("0"), P("4-5"), 0) == 0
+    assert alloc.resize(P("0"), P("4-5"), 2) == P("4-5")  # exact fit
+    assert alloc.resize(P("0-1"), P("4-5"), -2) == P("0-1")
+
+
+# ---------------------------------------------------------------------------
+# helpers of the policy
+
+
+def test_max_avail_milli_cpus() -> None:
+    cpus, free = P("0-1"), P("4-9")
+    assert max_avail_milli_cpus(cpus, free, 0) == 8000
+    assert max_avail_milli_cpus(cpus, free, 7) == 8000  # maxCPUs > free: upstream quirk
+    assert max_avail_milli_cpus(cpus, free, 4) == 4000
+    assert max_avail_milli_cpus(cpus, free, -1) == -1000  # §20.15
+    # composite: min(component) x #components caps the free count
+    assert max_avail_milli_cpus(cpus, free, 0, components=[2000, 3000]) == 6000
+    assert max_avail_milli_cpus(cpus, free, 0, components=[9000, 9000]) == 8000
+
+
+def test_share_idle() -> None:
+    """test13-cacheclusters: shareIdleCPUsInSame l2cache with two cores per L2."""
+    spec = dataclasses.replace(N4C16, name="n4c16-l2x2-iso", cores_per_l2=2, isolated="3")
+    topo = topology(spec)
+    idle = P("2-15")
+    assert share_idle(P("0"), idle, "l2cache", topo) == P("2")  # 3 is isolated
+    assert share_idle(P("0"), idle, "numa", topo) == P("2")
+    assert share_idle(P("0"), idle, "package", topo) == P("2,4-7")
+    assert share_idle(P("0,9"), idle & ~P("9"), "numa", topo) == P("2,8,10-11")
+    assert share_idle(P("0"), idle, "system", topo) == idle & ~P("3")
+    assert share_idle(P("0"), idle, "core", topo) == 0
+    assert share_idle(P("0"), idle, "", topo) == 0
+    assert share_idle(P("0"), idle, "l3cache", topo) == P("2,4-7")
+    with pytest.raises(ValueError, match="unknown topology level"):
+        share_idle(P("0"), idle, "rack", topo)
+
+
+# ---------------------------------------------------------------------------
+# properties
+
+SMALL_SPECS = [
+    N4C16,
+    int5(2, 2, 2, 2, 2),
+    TopologySpec(name="odd", packages=3, nodes_per_die=1, cores_per_node=3, threads_per_core=1),
+    dataclasses.replace(N4C16, name="n4c16-l2x2", cores_per_l2=2),
+    dataclasses.replace(N4C16, name="n4c16-sparse", online="0-5,9,12-15"),
+]
+
+
+@st.composite
+def resize_requests(draw: st.DrawFn) -> tuple[Topology, int, int, int, dict[str, object]]:
+    topo = topology(draw(st.sampled_from(SMALL_SPECS)))
+    ids = [*cpuset.ids(topo.online), 40, 63]  # two ids outside every topology
+    owner = draw(
+        st.lists(st.sampled_from(["cur", "free", "other"]), min_size=len(ids), max_size=len(ids))
+    )
+    current = cpuset.from_ids(c for c, o in zip(ids, owner, strict=True) if o == "cur")
+    free = cpuset.from_ids(c for c, o in zip(ids, owner, strict=True) if o == "free")
+    delta = draw(st.integers(-current.bit_count() - 2, free.bit_count() + 2))
+    mask = st.integers(0, topo.online)
+    opts: dict[str, object] = {
+        "topology_balancing": draw(st.booleans()),
+        "prefer_spread_on_physical_cores": draw(st.booleans()),
+        "prefer_close_to": draw(st.lists(st.one_of(mask, st.lists(mask, max_size=2)), max_size=2)),
+        "prefer_far_from": draw(st.lists(mask, max_size=2)),
+        "allocator_priority": draw(st.sampled_from(list(CpuPriority))),
+    }
+    if draw(st.booleans()):
+        dev = LoadedDevice(topo, draw(st.sampled_from(["core", "l2cache"])), True)
+        opts["prefer_far_from"] = [*opts["prefer_far_from"], dev]  # type: ignore[misc]
+        opts["on_cpu_pick"] = dev.add
+    return topo, current, free, delta, opts
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(resize_requests())
+def test_resize_properties(req: tuple[Topology, int, int, int, dict[str, object]]) -> None:
+    topo, current, free, delta, opts = req
+    alloc = fresh(topo, **opts)
+    usable_free = free & topo.online
+    usable_current = current & topo.online
+    too_few_free = delta > 0 and usable_free.bit_count() < delta
+    too_few_current = delta < 0 and usable_current.bit_count() < -delta
+    if too_few_free or too_few_current:
+        with pytest.raises(ResizeError, match=r"^not enough (free|current) CPUs"):
+            alloc.resize(current, free, delta)
+        return
+    got = alloc.resize(current, free, delta)
+    assert got.bit_count() == abs(delta)
+    assert got & ~topo.online == 0
+    if delta > 0:
+        assert got & ~free == 0
+    elif delta < 0:
+        assert got & ~current == 0
+    # the candidate sets obey the same bounds
+    add_from, remove_from = alloc.candidates(current, free, delta)
+    assert add_from & ~usable_free == 0
+    assert remove_from & ~usable_current == 0
+
+
+def test_hybrid_clusters() -> None:
+    """takeIdleClusters: on a hybrid CPU, low priority requests take a whole idle
+    E-core cluster (an L2 group), others a P-core cluster."""
+    spec = TopologySpec(
+        name="hybrid",
+        packages=1,
+        cores_per_node=12,
+        threads_per_core=1,
+        cores_per_l2=4,
+        efficient_cpus="4-11",
+    )
+    topo = topology(spec)
+    alloc = CpuAllocator(topo)
+    assert alloc.hybrid
+    assert alloc.priorities[CpuPriority.LOW] == P("4-11")
+    assert alloc.allocate(topo.online, 4, CpuPriority.LOW) == P("4-7")
+    assert alloc.allocate(topo.online & ~P("4"), 4, CpuPriority.LOW) == P("8-11")
+    assert alloc.allocate(topo.online, 4, CpuPriority.NORMAL) == P("0-3")
+    assert alloc.allocate(topo.online, 4, CpuPriority.HIGH) == P("0-3")
