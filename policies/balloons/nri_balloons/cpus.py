@@ -387,10 +387,8 @@ class CpuAllocator:
 
         size = topology.online.bit_length()
         self._core_of = [0] * size
-        self._pkg_of = [0] * size
         for info in topology.cpus.values():
             self._core_of[info.id] = topology.core_masks[info.core]
-            self._pkg_of[info.id] = info.package
         self._packages = tuple(topology.package_masks.items())
         self._clusters = self._discover_clusters() if self.hybrid else ()
         self._cache_groups = self._discover_cache_groups()
@@ -448,7 +446,7 @@ class CpuAllocator:
         if masks is None:
             log.debug("no cache level provides useful CPU grouping")
             return ()
-        level_of = "l3" if masks is topo.l3_masks else "l2"
+        l3 = masks is topo.l3_masks
         raw: list[tuple[int, int, int, int, bool]] = []
         for _pkg, pkg_cpus in self._packages:
             groups: list[tuple[int, int, int, int, bool]] = []
@@ -457,7 +455,7 @@ class CpuAllocator:
                 if assigned >> cpu & 1:
                     continue
                 info = topo.cpus[cpu]
-                cpus = masks[getattr(info, level_of)]
+                cpus = masks[info.l3 if l3 else info.l2]
                 if cpus.bit_count() <= 1 or cpus in (
                     topo.core_masks[info.core],
                     topo.die_masks[info.die_key],

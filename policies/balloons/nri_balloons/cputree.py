@@ -530,11 +530,21 @@ class CpuTreeAllocator:
     def _max_local_set(self, nxt: int, current: int, free: int, delta: int) -> tuple[int, int]:
         """The best tree node that can give (take) ``|delta|`` CPUs.
 
-        Upstream flattens the tree into per-node count vectors and sorts them. Here
-        one preorder pass keeps the best node: a subtree that cannot fit ``|delta|``
-        is skipped whole; a node's key is built from its parent's (count paths as
-        nested pairs ``(parent_path, count)``, which compare like the flat vectors)
-        and only for nodes at least as deep as the best so far."""
+        Upstream flattens the tree into per-node count vectors and sorts them
+        (``ToAttributedSlice``, ``sorterAllocate``/``sorterRelease``). Here one
+        preorder pass keeps the best node, with the same result (a test compares
+        both on random inputs):
+
+        - a subtree that cannot fit ``|delta|`` is skipped whole (upstream's filter);
+        - a node's key is built from its parent's: the count paths are nested pairs
+          ``(parent_path, count)``, which compare like the flat vectors;
+        - bit operations use the parent's CPU sets shifted down to the node's
+          lowest CPU, so they shrink with the subtree;
+        - the single-CPU leaves of a node are not visited one by one: all passing
+          leaves of a node have equal count paths, so the first in name order is
+          its best leaf;
+        - levels whose nodes all have one child with the same CPUs were dropped
+          when the tree was flattened (see :func:`_drop_trivial_levels`)."""
         t = self._tree
         sizes, depth, parent, end, rank = t.sizes, t.depth, t.parent, t.end, t.rank
         rel, shift, leaves = t.rel, t.shift, t.leaves

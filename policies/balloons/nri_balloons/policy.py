@@ -482,8 +482,8 @@ class BalloonsPolicy:
             mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
             bln.mems = mems
             mems_text = cpuset.format(mems)
+            texts: dict[bool, str] = {}  # formatted once per balloon, not per container
             for m in bln.members.values():
-                cpus = pinnable
                 hide = opts.hide_hyperthreads
                 pod = pod_of(m.pod_id)
                 if pod is not None:
@@ -492,9 +492,10 @@ class BalloonsPolicy:
                     )
                     if forced is not None:
                         hide = forced
-                if hide:
-                    cpus = self.topology.single_thread(pinnable)
-                out[m.id] = (cpuset.format(cpus), mems_text)
+                if hide not in texts:
+                    cpus = self.topology.single_thread(pinnable) if hide else pinnable
+                    texts[hide] = cpuset.format(cpus)
+                out[m.id] = (texts[hide], mems_text)
         return out
 
     # -- state -----------------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""Benchmark: the balloons policy's CreateContainer decision and the plugin end to end.
+
+Prints figures beside the targets; asserts nothing.
+
+* decision: ``PolicyHost.create_container`` with the balloons policy (type
+  choice, fill chain, resize, pinning of every affected container) on the
+  dual-socket Xeon 6776P topology with 500 running containers in 60 balloons,
+  timed over create/remove cycles; the same at 16 (n4c16), 256 (Xeon) and
+  4096 CPUs (s8c4k-like, every CPU online) to show how it grows;
+* end to end: the plugin process driven by the runtime simulator over a unix
+  socket: CreateContainer round trip, Synchronize of 1000 containers, RSS.
+
+    python tests/bench/bench_balloons.py [--cycles N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nri_framework.host import PolicyHost
+from nri_framework.model import Container, CpuResources, Pod, Resources
+from nri_framework.simulate.runtime import SimulatedRuntime
+from nri_framework.simulate.scenario import PluginProcess, ScenarioPaths, plugin_command
+from nri_framework.simulate.sysfs import N4C16, XEON_6776P, TopologySpec, write_topology
+
+from nri_balloons.plugin import Balloons
+
+S8C4K_FULL = TopologySpec(name="s8c4k-full", packages=8, cores_per_node=512, threads_per_core=1)
+
+CONFIG = """
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default, namespace: kube-system}
+spec:
+  reservedResources: {cpu: 1000m}
+  allocatorTopologyBalancing: true
+  balloonTypes:
+  - name: grouped
+    groupBy: ${pod/labels/grp}
+    maxCPUs: 8
+  - name: dedicated
+    matchExpressions: [{key: qosclass, operator: In, values: [Guaranteed]}]
+    preferNewBalloons: true
+    preferSpreadingPods: true
+"""
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def pod(i: int, grp: int | None) -> Pod:
+    labels = {"grp": f"g{grp}"} if grp is not None else {}
+    return Pod(
+        id=f"p{i}", name=f"p{i}", uid=f"u{i}", namespace="bench", labels=labels,
+        cgroup_parent=f"/kubepods/burstable/pod{i}" if grp is not None else f"/kubepods/pod{i}",
+    )  # fmt: skip
+
+
+def burstable(i: int) -> Container:
+    cpu = CpuResources(shares=204)  # 200m
+    return Container(id=f"c{i}", pod_sandbox_id=f"p{i}", name="ctr", resources=Resources(cpu=cpu))
+
+
+def guaranteed(i: int, n: int = 1) -> Container:
+    cpu = CpuResources(shares=1024 * n, quota=100_000 * n, period=100_000)
+    return Container(id=f"c{i}", pod_sandbox_id=f"p{i}", name="ctr", resources=Resources(cpu=cpu))
+
+
+def host_for(root: Path, config: Path) -> PolicyHost:
+    return PolicyHost(
+        "balloons", Balloons(), options={"config_file": str(config)}, host_root=str(root)
+    )
+
+
+def decision(spec: TopologySpec, existing: int, groups: int, cycles: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "host"
+        write_topology(root, spec)
+        config = Path(tmp) / "config.yaml"
+        config.write_text(CONFIG)
+        host = host_for(root, config)
+        host.synchronize([], [])
+        for i in range(existing):
+            host.create_container(pod(i, i % groups), burstable(i))
+        times = []
+        for k in range(cycles):
+            i = 100_000 + k
+            p, c = pod(i, None), guaranteed(i)
+            t0 = time.perf_counter()
+            host.create_container(p, c)
+            times.append(time.perf_counter() - t0)
+            host.stop_container(p, c)
+        return pct(times, 0.5), pct(times, 0.99)
+
+
+async def end_to_end(creates: int, existing: int, sync_n: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="nri-bench-") as tmp:
+        work = Path(tmp)
+        host = work / "host"
+        write_topology(host, XEON_6776P)
+        config = work / "config.yaml"
+        config.write_text(CONFIG)
+        paths = ScenarioPaths(work, work / "nri.sock", host, work / "state")
+        cmd = plugin_command(
+            "balloons", paths, ["--config-file", str(config)], exit_on_disconnect=False
+        )
+        rt = SimulatedRuntime(paths.socket)
+        await rt.start()
+        plugin = await PluginProcess.launch(cmd)
+        out: dict[str, float] = {}
+        try:
+            await rt.wait_plugins(1, 60)
+            for i in range(existing):
+                p = await rt.run_pod(pod(i, i % 60))
+                c = await rt.create_container(p.id, burstable(i))
+                await rt.start_container(c.id)
+            base = len(rt.call_times("CreateContainer"))
+            gpod = await rt.run_pod(pod(99_999, None))
+            for k in range(creates):
+                c = await rt.create_container(gpod.id, guaranteed(100_000 + k))
+                await rt.stop_container(c.id)
+                await rt.remove_container(c.id)
+            times = rt.call_times("CreateContainer")[base:]
+            out["rt_p50"], out["rt_p99"] = pct(times, 0.5), pct(times, 0.99)
+            # Synchronize: the runtime restarts holding sync_n containers
+            for i in range(existing, sync_n):
+                p = await rt.run_pod(pod(i, i % 60))
+                c = await rt.create_container(p.id, burstable(i))
+            await rt.stop()
+            await rt.start()
+            await rt.wait_plugins(1, 60)
+            out["sync"] = rt.call_times("Synchronize")[-1]
+            out["containers"] = len(rt.containers)
+            status = Path(f"/proc/{plugin.proc.pid}/status").read_text()
+            out["rss_mb"] = int(status.split("VmRSS:")[1].split()[0]) / 1024
+        finally:
+            await rt.stop()
+            await plugin.stop()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=300)
+    args = parser.parse_args()
+    rows: list[tuple[str, str, str]] = []
+    p50, p99 = decision(XEON_6776P, 500, 60, args.cycles)
+    rows.append(("decision p50, 6776P, 500 containers / 60 balloons", f"{p50 * 1e3:.2f} ms", ""))
+    rows.append(("decision p99, 6776P, 500 containers / 60 balloons", f"{p99 * 1e3:.2f} ms", "<= 2 ms"))
+    for spec, n in ((N4C16, 16), (XEON_6776P, 256), (S8C4K_FULL, 4096)):
+        p50, _ = decision(spec, 40, 10, max(50, args.cycles // 3))
+        rows.append((f"decision p50 at {n} CPUs (40 containers)", f"{p50 * 1e3:.2f} ms", "grows <= CPU count"))
+    e2e = asyncio.run(end_to_end(args.cycles, 500, 1000))
+    rows.append(("round trip p50 through the simulator", f"{e2e['rt_p50'] * 1e3:.2f} ms", ""))
+    rows.append(("round trip p99 through the simulator", f"{e2e['rt_p99'] * 1e3:.2f} ms", "<= 3 ms"))
+    rows.append((f"Synchronize of {int(e2e['containers'])} containers", f"{e2e['sync'] * 1e3:.0f} ms", "<= 500 ms"))
+    rows.append(("plugin RSS", f"{e2e['rss_mb']:.0f} MB", "<= 80 MB"))
+    print("\nballoons benchmark (plugin and policy; figures measured now)")
+    width = max(len(r[0]) for r in rows)
+    for name, value, target in rows:
+        print(f"{name.ljust(width)}  {value:>10}  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
