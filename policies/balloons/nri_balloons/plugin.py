@@ -29,6 +29,7 @@ from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
 from nri_balloons.config import ConfigError, load_policy
+from nri_balloons.features import unimplemented
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate
 
@@ -58,6 +59,8 @@ class Balloons:
             raise PolicyError(str(exc)) from None
         result = validate(doc, online_cpus=self.policy.topology.online)
         for warning in result.warnings:
+            log.warning("%s", warning)
+        for warning in unimplemented(doc.spec):
             log.warning("%s", warning)
         if result.prepared is None:
             raise PolicyError("; ".join(result.errors))

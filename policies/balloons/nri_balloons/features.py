@@ -1,0 +1,39 @@
+"""Configuration features that parse and validate but are not implemented yet.
+
+A configuration that uses one gets a clear warning in the log (never silence);
+the README's feature table lists the same items.
+"""
+
+from __future__ import annotations
+
+from nri_balloons.config import BalloonsPolicySpec
+from nri_balloons.devices import PODRES_PREFIX
+
+
+def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
+    """One warning per unimplemented feature the configuration uses."""
+    out: list[str] = []
+    for bt in spec.balloon_types:
+        if bt.irq_claim or bt.irq_mode:
+            out.append(
+                f"balloon type {bt.name!r}: irqClaim/irqMode are not implemented yet; "
+                "interrupt affinities are left as they are"
+            )
+        if bt.memory_types:
+            out.append(
+                f"balloon type {bt.name!r}: memoryTypes are not implemented yet; "
+                "memory is pinned to the NUMA nodes closest to the balloon's CPUs"
+            )
+        podres = [d for d in bt.prefer_close_to_devices if d.startswith(PODRES_PREFIX)]
+        if podres:
+            out.append(
+                f"balloon type {bt.name!r}: pod-resources device hints {podres} are not "
+                "implemented yet (no kubelet pod-resources client); they are ignored"
+            )
+    if spec.agent.pod_resource_api:
+        out.append("agent.podResourceAPI is not implemented yet; it is ignored")
+    if spec.control.rdt.enable:
+        out.append("control.rdt is not implemented; it is ignored")
+    if spec.control.blockio.enable:
+        out.append("control.blockio is not implemented; it is ignored")
+    return out

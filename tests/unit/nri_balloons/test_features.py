@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from nri_balloons.config import load_policy
+from nri_balloons.features import unimplemented
+
+
+def test_unimplemented_features_are_named() -> None:
+    spec = load_policy(
+        """
+reservedResources: {cpu: "1"}
+agent: {podResourceAPI: true}
+balloonTypes:
+- name: nic
+  irqClaim: ["ttyS0"]
+  memoryTypes: [HBM]
+  preferCloseToDevices: ["podresourceapi:*.com/nic", "/sys/devices/system/node/node0"]
+"""
+    ).spec
+    warnings = unimplemented(spec)
+    assert any("irqClaim/irqMode are not implemented" in w for w in warnings)
+    assert any("memoryTypes are not implemented" in w for w in warnings)
+    assert any("['podresourceapi:*.com/nic']" in w for w in warnings)
+    assert any("agent.podResourceAPI" in w for w in warnings)
+
+
+def test_plain_config_has_no_warnings() -> None:
+    spec = load_policy("reservedResources: {cpu: '1'}\nballoonTypes: [{name: a}]").spec
+    assert unimplemented(spec) == []
