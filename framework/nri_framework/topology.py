@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -54,6 +54,20 @@ LEVELS: tuple[Level, ...] = get_args(Level)
 SYS_CPU = "sys/devices/system/cpu"
 SYS_NODE = "sys/devices/system/node"
 HYBRID_CPUS = {"performance": "sys/devices/cpu_core/cpus", "efficient": "sys/devices/cpu_atom/cpus"}
+
+
+def expand_groups(table: Sequence[int], mask: int) -> int:
+    """Every CPU of the groups ``mask`` touches, ``table[cpu]`` being the group
+    mask of ``cpu`` (0 or beyond the table: the CPU alone)."""
+    out = 0
+    size = len(table)
+    while mask:
+        low = mask & -mask
+        cpu = low.bit_length() - 1
+        group = (table[cpu] if cpu < size else 0) or low
+        out |= group
+        mask &= ~group
+    return out
 
 
 class TopologyError(ValueError):
@@ -585,16 +599,7 @@ class Topology:
         not online are kept as they are."""
         if level not in self._group_of:
             raise _unknown_level(level)
-        table = self._group_of[level]
-        out = 0
-        size = len(table)
-        while mask:
-            low = mask & -mask
-            cpu = low.bit_length() - 1
-            group = (table[cpu] if cpu < size else 0) or low
-            out |= group
-            mask &= ~group
-        return out
+        return expand_groups(self._group_of[level], mask)
 
     def siblings(self, mask: int) -> int:
         """All threads of the cores that ``mask`` touches."""

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from nri_framework import cpuset
-from nri_framework.topology import Level, Topology
+from nri_framework.topology import Level, Topology, expand_groups
 
 log = logging.getLogger("nri_balloons.cpus")
 
@@ -165,18 +165,6 @@ def tree_level_groups(topology: Topology, level: Level) -> list[int]:
     return table
 
 
-def _expand(table: list[int], mask: int) -> int:
-    out = 0
-    size = len(table)
-    while mask:
-        low = mask & -mask
-        cpu = low.bit_length() - 1
-        group = (table[cpu] if cpu < size else 0) or low
-        out |= group
-        mask &= ~group
-    return out
-
-
 def share_idle(balloon_cpus: int, idle: int, level: str, topology: Topology) -> int:
     """The idle CPUs a balloon shares for ``shareIdleCPUsInSame: level``: the CPUs of
     ``idle``, minus isolated CPUs, in the ``level`` nodes of the CPU tree that hold
@@ -192,7 +180,7 @@ def share_idle(balloon_cpus: int, idle: int, level: str, topology: Topology) -> 
     if level not in _SHARE_LEVELS:
         raise ValueError(f"unknown topology level {level!r}")
     table = tree_level_groups(topology, cast(Level, level))
-    touched = _expand(table, balloon_cpus & topology.online)
+    touched = expand_groups(table, balloon_cpus & topology.online)
     return touched & idle
 
 
