@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nri_framework import cpuset
@@ -39,6 +40,9 @@ class Balloon:
     mems: int = 0
     members: dict[str, Member] = field(default_factory=dict)
     groups: Counter[str] = field(default_factory=Counter)
+    #: component balloons of a composite balloon (reference §7); its ``cpus``
+    #: is their union. Components are not in the policy's balloon list.
+    components: list[Balloon] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -54,8 +58,14 @@ class Balloon:
         return self.cpus.bit_count() * 1000 - self.requested
 
     def max_avail_milli(self, free: int) -> int:
-        """mCPU the balloon could have: its CPUs plus what it may still take."""
+        """mCPU the balloon could have: its CPUs plus what it may still take.
+
+        For a composite, the component that can grow least times the number of
+        components caps the free CPUs (upstream assumes equal shares)."""
         nfree = free.bit_count()
+        if self.components:
+            smallest = min(c.max_avail_milli(free) for c in self.components)
+            nfree = min(smallest * len(self.components) // 1000, nfree)
         max_cpus = self.bdef.max_cpus
         if max_cpus == 0 or max_cpus > nfree:
             return (self.cpus.bit_count() + nfree) * 1000
@@ -63,6 +73,18 @@ class Balloon:
 
     def max_free_milli(self, free: int) -> int:
         return self.max_avail_milli(free) - self.requested
+
+    def walk(self) -> Iterator[Balloon]:
+        """This balloon and its components, recursively, depth first."""
+        yield self
+        for c in self.components:
+            yield from c.walk()
+
+    def component_cpusets(self) -> str:
+        """The NRT ``component cpusets`` attribute, e.g. ``{{0-1}, {8-9}}``."""
+        if not self.components:
+            return "{" + cpuset.format(self.cpus) + "}"
+        return "{" + ", ".join(c.component_cpusets() for c in self.components) + "}"
 
     def pod_ids(self) -> set[str]:
         return {m.pod_id for m in self.members.values()}

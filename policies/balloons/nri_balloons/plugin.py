@@ -18,6 +18,7 @@ from nri_framework.host import PolicyHost
 from nri_framework.model import (
     Adjustment,
     Container,
+    ContainerState,
     CreateResult,
     Pod,
     Resources,
@@ -72,6 +73,27 @@ class Balloons:
             self.policy.set_config(prepared)
         except BalloonsError as exc:
             raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
+
+    def reconfigure(self, text: str, source: str) -> list[Update]:
+        """A new configuration for the running plugin (what the agent delivers
+        when the BalloonsPolicy changes); the updates of the containers it moved.
+
+        Raises PolicyError for an invalid configuration, or one the policy
+        cannot set up (``balloons: config update failed: ...``); the running
+        configuration stays then."""
+        assert self.policy is not None and self.host is not None
+        prepared = self.prepare(text, source)
+        pods = self.host.pods
+        running = [
+            (pods.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id), c)
+            for c in self.host.containers.values()
+            if c.state != ContainerState.STOPPED
+        ]
+        try:
+            self.policy.reconfigure(prepared, running)
+        except BalloonsError as exc:
+            raise PolicyError(str(exc)) from None
+        return self._updates()
 
     @hookimpl
     def policy_start(self, host: PolicyHost) -> None:

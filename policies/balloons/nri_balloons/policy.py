@@ -7,13 +7,16 @@ behaviour follows upstream's ``balloons-policy.go`` (reference §3, §5-§9,
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from nri_framework import cpuset
 from nri_framework.kube import quota_to_milli_cpu, shares_to_milli_cpu
 from nri_framework.model import Container, Pod
@@ -22,7 +25,7 @@ from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantit
 
 from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
-from nri_balloons.config import BalloonType
+from nri_balloons.config import BalloonsPolicySpec, BalloonType
 from nri_balloons.cputree import CpuTreeAllocator, ResizeError
 from nri_balloons.devices import DeviceResolver, close_devices, far_devices
 from nri_balloons.expression import Subject, resolve_ref
@@ -148,6 +151,56 @@ class BalloonsPolicy:
         log.info("balloons policy balloons:")
         for i, bln in enumerate(self.balloons):
             log.info("- balloon %d: %s", i, bln)
+
+    def reconfigure(
+        self, prepared: PreparedConfig, running: Sequence[tuple[Pod, Container]]
+    ) -> str:
+        """Apply a new configuration to the running policy (upstream
+        ``Reconfigure``, reference §3). ``running``: every container the runtime
+        runs, in creation order. Returns what happened:
+
+        * ``"none"``: nothing changed;
+        * ``"classes"``: only cpuClasses or scheduling classes changed; the
+          types are swapped in place and no container moves. Unlike upstream,
+          a scheduling-class-only change is applied (§20.7: it drops them);
+        * ``"placement"``: every balloon is rebuilt and every container
+          allocated again, in order; a container that no longer fits logs
+          ``allocating resources for Sync produced an error``.
+
+        Raises :class:`BalloonsError` (``config update failed: ...``) with the
+        running state left as it was when the new configuration cannot be set up.
+        """
+        log.info("configuration update")
+        old = self.config
+        if old is not None and _placement_view(old.spec) == _placement_view(prepared.spec):
+            if old.spec == prepared.spec:
+                log.info("no configuration changes")
+                return "none"
+            log.info("configuration changes only on CPU classes")
+            self._swap_types(prepared)
+            return "classes"
+        saved = dict(self.__dict__)
+        try:
+            self.set_config(prepared)
+        except BalloonsError as exc:
+            self.__dict__.update(saved)
+            raise BalloonsError(f"config update failed: {exc}") from None
+        log.info("config updated successfully")
+        for pod, container in running:
+            try:
+                self.allocate(pod, container)
+            except BalloonsError as exc:
+                log.warning("allocating resources for Sync produced an error: %s", exc)
+        return "placement"
+
+    def _swap_types(self, prepared: PreparedConfig) -> None:
+        """The new types (differing in classes only) replace the old ones in
+        every balloon; CPUs and containers stay."""
+        self.config = prepared
+        self.types = {t.name: t for t in prepared.balloon_types}
+        for top in self.balloons:
+            for bln in top.walk():
+                bln.bdef = self.types[bln.bdef.name]
 
     def _build_trees(self, prepared: PreparedConfig) -> None:
         resolver = DeviceResolver(self.topology, self.host_root, self.reserved)
@@ -319,10 +372,69 @@ class BalloonsPolicy:
                 f"MaxBalloons limit ({bdef.max_balloons}) reached"
             )
         instance = next(i for i in range(len(used) + 1) if i not in used)
+        if bdef.components:
+            return self._new_composite(bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
         if bdef.min_cpus:
             self._resize(bln, bdef.min_cpus * 1000)
         return bln
+
+    def _new_composite(self, bdef: BalloonType, instance: int) -> Balloon:
+        """A composite balloon (upstream ``newCompositeBalloon``): one component
+        balloon per component type (``componentCreation`` ``""``/``all``), or only
+        the component type with the fewest instances (``balance-balloons``).
+        Component balloons live only in the composite's ``components``."""
+        comp_defs: list[BalloonType] = []
+        for comp in bdef.components:
+            comp_def = self.types.get(comp.balloon_type)
+            if comp_def is None:
+                raise BalloonsError(
+                    f"unknown balloon definition {quote(comp.balloon_type)} in composite "
+                    f"balloon {quote(bdef.name)}"
+                )
+            comp_defs.append(comp_def)
+        if bdef.component_creation == "balance-balloons":
+            counts = [len(self._including_components(d)) for d in comp_defs]
+            log.debug("instance-components of composite balloon %s: %s", bdef.name, counts)
+            comp_defs = [comp_defs[counts.index(min(counts))]]
+        elif bdef.component_creation not in ("", "all"):
+            raise BalloonsError(
+                f"unknown ComponentCreation mode {quote(bdef.component_creation)} in "
+                f"composite balloon {quote(bdef.name)}"
+            )
+        bln = Balloon(bdef=bdef, instance=instance)
+        for comp_def in comp_defs:
+            try:
+                part = self._new_balloon(comp_def)
+            except BalloonsError as exc:
+                self._delete(bln)
+                raise BalloonsError(
+                    f"failed to create component balloon {quote(comp_def.name)} for composite "
+                    f"balloon {quote(bdef.name)}: {exc}"
+                ) from None
+            bln.components.append(part)
+            bln.cpus |= part.cpus
+            log.debug("created component balloon %s of composite balloon %s", part.name, bdef.name)
+        try:
+            self._resize(bln, bdef.min_cpus * 1000)
+        except BalloonsError:
+            self._delete(bln)
+            raise
+        return bln
+
+    def _including_components(self, bdef: BalloonType) -> list[Balloon]:
+        """Balloons, top-level or components, of ``bdef`` or of any type in its
+        components, recursively (upstream ``balloonsByDefIncludingComponents``)."""
+        names: set[str] = set()
+        todo = [bdef]
+        while todo:
+            d = todo.pop()
+            names.add(d.name)
+            for comp in d.components:
+                sub = self.types.get(comp.balloon_type)
+                if sub is not None and sub.name not in names:
+                    todo.append(sub)
+        return [b for top in self.balloons for b in top.walk() if b.bdef.name in names]
 
     # -- sizing (§7) -----------------------------------------------------------------
 
@@ -335,7 +447,16 @@ class BalloonsPolicy:
             return self.free
         return self.free & ~self.reserved
 
-    def _resize(self, bln: Balloon, milli: int) -> None:
+    def _resize(self, bln: Balloon, milli: int, exclude: int | None = None) -> None:
+        """Resize ``bln`` to fit ``milli`` mCPU. ``exclude``: CPUs it may not take
+        (by default the reserved cpuset unless it is the reserved balloon; the
+        components of a composite inherit the composite's)."""
+        if exclude is None:
+            assert self.config is not None
+            exclude = 0 if bln.bdef.name == self.config.reserved_type.name else self.reserved
+        if bln.components:
+            self._resize_composite(bln, milli, exclude)
+            return
         bdef = bln.bdef
         count = math.ceil(milli / 1000)
         if bdef.max_cpus > 0:
@@ -350,7 +471,7 @@ class BalloonsPolicy:
         tree = self.trees[bdef.name]
         if delta > 0:
             try:
-                add = tree.resize(bln.cpus, self.available(bdef), delta)
+                add = tree.resize(bln.cpus, self.free & ~exclude, delta)
             except ResizeError as exc:
                 raise BalloonsError(
                     f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
@@ -369,10 +490,31 @@ class BalloonsPolicy:
             bln.cpus &= ~remove
             self.free |= remove
 
+    def _resize_composite(self, bln: Balloon, milli: int, exclude: int) -> None:
+        """Upstream ``resizeCompositeBalloon``: every component gets an equal
+        (integer) share of ``milli``; the composite's own min/maxCPUs do not
+        clamp it. All or nothing: a failing component rolls every one back."""
+        per_component = milli // len(bln.components)
+        saved_free = self.free
+        saved = [(b, b.cpus) for b in bln.walk()]
+        try:
+            for comp in bln.components:
+                self._resize(comp, per_component, exclude)
+        except BalloonsError as exc:
+            self.free = saved_free
+            for b, cpus in saved:
+                b.cpus = cpus
+            raise BalloonsError(f"resize composite balloon {bln.name}: {exc}") from None
+        cpus = 0
+        for comp in bln.components:
+            cpus |= comp.cpus
+        bln.cpus = cpus
+
     def _delete(self, bln: Balloon, append: bool = True) -> None:
         log.debug("deleting balloon %s", bln.name)
-        self.free |= bln.cpus
-        bln.cpus = 0
+        for b in bln.walk():
+            self.free |= b.cpus
+            b.cpus = 0
         if bln in self.balloons:
             self.balloons.remove(bln)
 
@@ -501,12 +643,24 @@ class BalloonsPolicy:
     # -- state -----------------------------------------------------------------------
 
     def export(self) -> dict[str, Any]:
+        def components(b: Balloon) -> list[dict[str, Any]]:
+            return [
+                {
+                    "type": c.bdef.name,
+                    "instance": c.instance,
+                    "cpus": cpuset.format(c.cpus),
+                    "components": components(c),
+                }
+                for c in b.components
+            ]
+
         return {
             "balloons": [
                 {
                     "type": b.bdef.name,
                     "instance": b.instance,
                     "cpus": cpuset.format(b.cpus),
+                    "components": components(b),
                     "members": [
                         [
                             m.id,
@@ -536,14 +690,29 @@ class BalloonsPolicy:
             return set()
         balloons: list[Balloon] = []
         taken = 0
-        try:
-            for entry in saved["balloons"]:
-                bdef = self.types[entry["type"]]
-                cpus = cpuset.parse(entry["cpus"])
+
+        def rebuild(entry: Any) -> Balloon:
+            nonlocal taken
+            bdef = self.types[entry["type"]]
+            cpus = cpuset.parse(entry["cpus"])
+            bln = Balloon(bdef=bdef, instance=int(entry["instance"]), cpus=cpus)
+            bln.components = [rebuild(c) for c in entry.get("components", [])]
+            if [c.bdef.name for c in bln.components] != [
+                c.balloon_type for c in bdef.components
+            ] and bdef.component_creation != "balance-balloons":
+                raise ValueError(f"components of {entry['type']} do not match its type")
+            if bln.components:
+                if cpus != functools.reduce(operator.or_, (c.cpus for c in bln.components), 0):
+                    raise ValueError(f"CPUs of {entry['type']} are not those of its components")
+            else:
                 if cpus & ~self.allowed or cpus & taken:
                     raise ValueError(f"CPUs {entry['cpus']} of {entry['type']} not available")
                 taken |= cpus
-                bln = Balloon(bdef=bdef, instance=int(entry["instance"]), cpus=cpus)
+            return bln
+
+        try:
+            for entry in saved["balloons"]:
+                bln = rebuild(entry)
                 for mid, pod_id, ns, pod_name, name, req, lim, group in entry["members"]:
                     if mid in alive:
                         bln.members[mid] = Member(mid, pod_id, ns, pod_name, name, req, lim, group)
@@ -591,7 +760,12 @@ class BalloonsPolicy:
                         ZoneAttribute(name="cpuset", value=cpuset.format(bln.cpus)),
                         ZoneAttribute(name="shared cpuset", value=cpuset.format(bln.shared_idle)),
                         ZoneAttribute(name="excess cpus", value=f"{bln.free_milli}m"),
-                    ],
+                    ]
+                    + (
+                        [ZoneAttribute(name="component cpusets", value=bln.component_cpusets())]
+                        if bln.components
+                        else []
+                    ),
                 )
             )
             if not self.options[bdef.name].show_in_nrt:
@@ -626,6 +800,22 @@ class BalloonsPolicy:
 
 
 _LEVELS = {"numa": "numa", "package": "package", "die": "die", "l2cache": "l2cache", "core": "core"}
+
+
+def _placement_view(spec: BalloonsPolicySpec) -> BalloonsPolicySpec:
+    """The configuration without what does not affect placement (upstream
+    ``changesBalloons``): CPU and scheduling classes, policy-wide and per
+    type. The legacy ``control.cpu.classes`` are cpuClasses too."""
+    replace = msgspec.structs.replace
+    return replace(
+        spec,
+        idle_cpu_class="",
+        turbo_domain="",
+        cpu_classes=[],
+        scheduling_classes=[],
+        control=replace(spec.control, cpu=None),
+        balloon_types=[replace(bt, cpu_class="", scheduling_class="") for bt in spec.balloon_types],
+    )
 
 
 def _pick(value: bool | None, default: bool) -> bool:
