@@ -14,7 +14,7 @@ import operator
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from nri_framework import cpuset
@@ -26,6 +26,7 @@ from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantit
 from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.config import BalloonsPolicySpec, BalloonType
+from nri_balloons.cpus import CpuAllocator, CpuPriority, LoadedDevice, LoadLevel
 from nri_balloons.cputree import CpuTreeAllocator, ResizeError
 from nri_balloons.devices import DeviceResolver, close_devices, far_devices
 from nri_balloons.expression import Subject, resolve_ref
@@ -102,6 +103,8 @@ class BalloonsPolicy:
         self.owner: dict[str, Balloon] = {}
         self.options: dict[str, TypeOptions] = {}
         self.trees: dict[str, CpuTreeAllocator] = {}
+        self.load_devices: dict[str, LoadedDevice] = {}
+        self.type_loads: dict[str, list[LoadedDevice]] = {}
         self.types: dict[str, BalloonType] = {}
 
     # -- configuration (§3 setConfig) ------------------------------------------------
@@ -210,16 +213,49 @@ class BalloonsPolicy:
             for t in prepared.balloon_types
         }
         far = far_devices(close, bool(self.topology.isolated))
+        # load classes (§7.3 fillLoadVirtDevices): one virtual device per level,
+        # avoided by every balloon of a type that carries it
+        classes = {lc.name: lc for lc in prepared.spec.load_classes}
+        self.load_devices = {}
+        self.type_loads = {}
+        for t in prepared.balloon_types:
+            devices: list[LoadedDevice] = []
+            for name in t.loads:
+                lc = classes[name]
+                level = cast(LoadLevel, lc.level)
+                dev = self.load_devices.get(level)
+                if dev is None:
+                    dev = self.load_devices[level] = LoadedDevice(self.topology, level)
+                dev.update_on_every_cpu = dev.update_on_every_cpu or lc.overloads_level_in_balloon
+                if dev not in devices:
+                    devices.append(dev)
+            self.type_loads[t.name] = devices
+        allocator = CpuAllocator(self.topology)  # one for the whole policy
         self.trees = {}
         for t in prepared.balloon_types:
             opts = self.options[t.name]
+            loads = self.type_loads[t.name]
+            dynamic = [d for d in loads if d.update_on_every_cpu]
             self.trees[t.name] = CpuTreeAllocator(
                 self.topology,
                 topology_balancing=opts.topology_balancing,
                 prefer_spread_on_physical_cores=opts.spread_on_physical_cores,
                 prefer_close_to=_masks(resolver, close[t.name]),
-                prefer_far_from=_masks(resolver, far[t.name]),
+                prefer_far_from=[*_masks(resolver, far[t.name]), *loads],
+                on_cpu_pick=_adder(dynamic) if dynamic else None,
+                allocator_priority=CpuPriority.parse(t.allocator_priority),
+                cpu_allocator=allocator,
             )
+
+    def _load_devices_for(self, bdef: BalloonType) -> None:
+        """Refresh the loaded CPUs of ``bdef``'s load devices before a resize: the
+        CPUs of every balloon whose type carries the same device."""
+        for dev in self.type_loads.get(bdef.name, ()):
+            loaded = 0
+            for b in self.balloons:
+                if dev in self.type_loads.get(b.bdef.name, ()):
+                    loaded |= b.cpus
+            dev.load(loaded)
 
     # -- choosing the type (§5) ------------------------------------------------------
 
@@ -469,6 +505,7 @@ class BalloonsPolicy:
         log.debug("resize %s to fit %d mCPU", bln.name, milli)
         log.debug("- change size from %d to %d full cpus", current, count)
         tree = self.trees[bdef.name]
+        self._load_devices_for(bdef)
         if delta > 0:
             try:
                 add = tree.resize(bln.cpus, self.free & ~exclude, delta)
@@ -816,6 +853,16 @@ def _placement_view(spec: BalloonsPolicySpec) -> BalloonsPolicySpec:
         control=replace(spec.control, cpu=None),
         balloon_types=[replace(bt, cpu_class="", scheduling_class="") for bt in spec.balloon_types],
     )
+
+
+def _adder(devices: list[LoadedDevice]) -> Callable[[int], None]:
+    """The tree allocator's per-CPU hook for ``overloadsLevelInBalloon`` loads."""
+
+    def add(cpus: int) -> None:
+        for dev in devices:
+            dev.add(cpus)
+
+    return add
 
 
 def _pick(value: bool | None, default: bool) -> bool:
