@@ -653,7 +653,10 @@ class BalloonsPolicy:
     # -- pinning (§9) ----------------------------------------------------------------
 
     def pinning(self, pod_of: Callable[[str], Pod | None]) -> dict[str, tuple[str, str]]:
-        """Container id -> (cpus, mems) for every container in a balloon."""
+        """Container id -> (cpus, mems) for every container in a balloon; cpus is
+        ``""`` (left to the runtime) with ``pinCPU: false``."""
+        assert self.config is not None
+        pin_cpu = self.config.spec.pin_cpu
         out: dict[str, tuple[str, str]] = {}
         for bln in self.balloons:
             opts = self.options[bln.bdef.name]
@@ -674,7 +677,7 @@ class BalloonsPolicy:
                 if hide not in texts:
                     cpus = self.topology.single_thread(pinnable) if hide else pinnable
                     texts[hide] = cpuset.format(cpus)
-                out[m.id] = (texts[hide], mems_text)
+                out[m.id] = (texts[hide] if pin_cpu else "", mems_text)
         return out
 
     # -- state -----------------------------------------------------------------------

@@ -94,3 +94,15 @@ def test_l2cache_loads_use_separate_l2s() -> None:
     a = place(p, 0, "avx", 1)
     b = place(p, 1, "avx", 1)
     assert topo.expand(a, "l2cache") & b == 0, "l2cache loads share an L2"
+
+
+def test_pin_cpu_false_leaves_cpus_alone() -> None:
+    topo = n4c16()
+    text = (CONFIG % "[]") + "pinCPU: false\n"
+    result = validate(load_policy(text), online_cpus=topo.online)
+    assert result.prepared is not None
+    p = BalloonsPolicy(topo)
+    p.set_config(result.prepared)
+    place(p, 0, "none", 2)
+    ((cpus, mems),) = p.pinning(lambda _pid: None).values()
+    assert cpus == "" and mems != ""
