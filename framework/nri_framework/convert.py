@@ -14,10 +14,12 @@ from nri_framework.model import (
     ContainerState,
     CpuResources,
     CreateResult,
+    IOPriority,
     MemoryResources,
     Pod,
     Resources,
     RuntimeInfo,
+    Scheduler,
     Update,
 )
 from nri_framework.pb import nri_pb2 as pb
@@ -168,15 +170,47 @@ def adjustment_to_pb(a: Adjustment, out: pb.ContainerAdjustment) -> None:
         out.env.add(key=k, value=v)
     if a.resources is not None:
         resources_to_pb(a.resources, out.linux.resources)
+    if a.scheduler is not None:
+        sch = a.scheduler
+        ps: Any = out.linux.scheduler  # protobuf enums are ints on the wire
+        ps.policy = pb.LinuxSchedulerPolicy.Value(sch.policy or "SCHED_NONE")
+        ps.nice, ps.priority = sch.nice, sch.priority
+        ps.flags.extend(pb.LinuxSchedulerFlag.Value(f) for f in sch.flags)
+        ps.runtime, ps.deadline, ps.period = sch.runtime, sch.deadline, sch.period
+    if a.io_priority is not None:
+        prio = out.linux.io_priority
+        setattr(prio, "class", pb.IOPrioClass.Value(a.io_priority.io_class))
+        prio.priority = a.io_priority.priority
 
 
 def adjustment_from_pb(a: pb.ContainerAdjustment) -> Adjustment:
+    linux = a.linux if a.HasField("linux") else None
+    scheduler = None
+    if linux is not None and linux.HasField("scheduler"):
+        ps = linux.scheduler
+        scheduler = Scheduler(
+            policy=pb.LinuxSchedulerPolicy.Name(ps.policy),
+            nice=ps.nice,
+            priority=ps.priority,
+            flags=[pb.LinuxSchedulerFlag.Name(f) for f in ps.flags],
+            runtime=ps.runtime,
+            deadline=ps.deadline,
+            period=ps.period,
+        )
+    io_priority = None
+    if linux is not None and linux.HasField("io_priority"):
+        io = linux.io_priority
+        io_priority = IOPriority(
+            io_class=pb.IOPrioClass.Name(getattr(io, "class")), priority=io.priority
+        )
     return Adjustment(
         annotations=dict(a.annotations),
         env={kv.key: kv.value for kv in a.env},
         resources=resources_from_pb(a.linux.resources)
-        if a.HasField("linux") and a.linux.HasField("resources")
+        if linux is not None and a.linux.HasField("resources")
         else None,
+        scheduler=scheduler,
+        io_priority=io_priority,
     )
 
 

@@ -118,16 +118,40 @@ class Container(msgspec.Struct, kw_only=True, omit_defaults=True):
         return self.resources.cpu.cpus if self.resources and self.resources.cpu else ""
 
 
+class Scheduler(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``LinuxScheduler`` (NRI v0.11+): names as the kernel's (``SCHED_FIFO``,
+    ``SCHED_FLAG_RESET_ON_FORK``); times in microseconds."""
+
+    policy: str = ""
+    nice: int = 0
+    priority: int = 0
+    flags: list[str] = []
+    runtime: int = 0
+    deadline: int = 0
+    period: int = 0
+
+
+class IOPriority(msgspec.Struct, kw_only=True):
+    """``LinuxIOPriority`` (NRI v0.10+): ``IOPRIO_CLASS_BE`` etc. and a level."""
+
+    io_class: str
+    priority: int = 0
+
+
 class Adjustment(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a policy changes in a container being created.
 
     ``annotations``/``env`` entries are added (env as ``KEY=VALUE``);
-    ``resources`` fields that are set override the runtime's values.
+    ``resources`` fields that are set override the runtime's values;
+    ``scheduler``/``io_priority`` need a runtime with NRI v0.11/v0.10 (older
+    runtimes ignore them).
     """
 
     annotations: dict[str, str] = {}
     env: dict[str, str] = {}
     resources: Resources | None = None
+    scheduler: Scheduler | None = None
+    io_priority: IOPriority | None = None
 
 
 class Update(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -26,9 +26,11 @@ from nri_framework.model import (
     Update,
     cpu_pin,
 )
+from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
+from nri_balloons import scheduling
 from nri_balloons.config import ConfigError, load_policy
 from nri_balloons.features import unimplemented
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
@@ -48,6 +50,8 @@ class Balloons:
         self.host: PolicyHost | None = None
         self.policy: BalloonsPolicy | None = None
         self.pins: dict[str, tuple[str, str]] = {}
+        self.runtime_nri: tuple[int, ...] = ()
+        self.scheduling_warned = False
 
     # -- configuration -----------------------------------------------------------
 
@@ -108,6 +112,7 @@ class Balloons:
     @hookimpl
     def nri_configure(self, config: str, runtime: RuntimeInfo) -> None:
         assert self.policy is not None
+        self.runtime_nri = runtime_nri_version(runtime.name, runtime.version, runtime.nri_version)
         if config.strip() and self.policy.config is None:
             self.apply(self.prepare(config, "runtime plugin configuration"))
         if self.policy.config is None:
@@ -161,7 +166,25 @@ class Balloons:
             return None
         updates = self._updates(skip=container.id)
         cpus, mems = self.pins[container.id]
-        return CreateResult(adjustment=Adjustment(resources=cpu_pin(cpus, mems)), updates=updates)
+        adjustment = Adjustment(resources=cpu_pin(cpus, mems))
+        assert self.policy.config is not None
+        sc = scheduling.effective_class(
+            self.policy.config.spec.scheduling_classes, bln.bdef, pod, container
+        )
+        if sc is not None:
+            adjustment.scheduler, adjustment.io_priority = scheduling.adjustments(sc)
+            self._warn_scheduling_support()
+        return CreateResult(adjustment=adjustment, updates=updates)
+
+    def _warn_scheduling_support(self) -> None:
+        if self.scheduling_warned or self.runtime_nri >= (0, 11):
+            return
+        self.scheduling_warned = True
+        log.warning(
+            "the runtime (NRI %s) cannot apply scheduling classes: the scheduler needs "
+            "NRI v0.11+, I/O priority v0.10+; containers run with default scheduling",
+            ".".join(map(str, self.runtime_nri)) or "unknown",
+        )
 
     @hookimpl
     def nri_update_container(
