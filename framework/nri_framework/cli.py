@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from nri_framework import __version__, logsetup
 from nri_framework.host import PolicyHost
@@ -61,14 +62,29 @@ def run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         host_root=args.host_root,
     )
-    return asyncio.run(serve(host, opts))
+    return asyncio.run(serve(host, opts, args.config_file))
 
 
-async def serve(host: PolicyHost, opts: StubOptions) -> int:
+async def serve(host: PolicyHost, opts: StubOptions, config_file: str = "") -> int:
     stub = PluginStub(host, opts)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stub.stop)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload() -> None:
+        """SIGHUP: re-read --config-file and reconfigure the running policy."""
+        try:
+            text = Path(config_file).read_text()
+        except OSError as exc:
+            log.error("cannot reload configuration: %s", exc)
+            return
+        task = loop.create_task(host.reconfigure(text, config_file))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    if config_file:
+        loop.add_signal_handler(signal.SIGHUP, reload)
     mode = (
         f"pre-launched (fd {opts.fd})" if opts.fd is not None else f"external ({opts.socket_path})"
     )

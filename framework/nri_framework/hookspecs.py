@@ -82,6 +82,20 @@ def policy_export_state() -> Any:
 
 
 @hookspec(firstresult=True)
+def policy_reconfigure(config: str, source: str) -> list[Update] | None:
+    """A new configuration for the running policy (a reloaded ``--config-file``,
+    or a custom resource the agent delivers).
+
+    :param config: the configuration text.
+    :param source: where it came from, for messages.
+
+    Raise :class:`PolicyError` to reject it: the running configuration must
+    stay in force. Return the updates of the containers that moved; the host
+    pushes them to the runtime with UpdateContainers.
+    """
+
+
+@hookspec(firstresult=True)
 def policy_topology_zones() -> list[Zone] | None:
     """The NodeResourceTopology zones describing the policy's current placement.
 

@@ -21,7 +21,7 @@ import msgspec
 import pluggy
 
 from nri_framework import hookspecs
-from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, hookimpl
+from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, PolicyError, hookimpl
 from nri_framework.model import (
     Container,
     ContainerState,
@@ -300,6 +300,24 @@ class PolicyHost:
             caller(pod=pod, container=container)
         if event in (Event.REMOVE_CONTAINER, Event.REMOVE_POD_SANDBOX):
             self.changed()
+
+    async def reconfigure(self, config: str, source: str) -> bool:
+        """Hand a new configuration to the policy; push what moved. False when
+        the policy rejected it (logged; the running configuration stays)."""
+        try:
+            updates = self.hook.policy_reconfigure(config=config, source=source) or []
+        except PolicyError as exc:
+            log.error(
+                "config update from %s failed, keeping the running configuration: %s", source, exc
+            )
+            return False
+        log.info("config update from %s applied, %d container(s) to update", source, len(updates))
+        self.changed()
+        if updates and self._update_sender is not None:
+            failed = await self.update_containers(updates)
+            if failed:
+                log.warning("runtime failed to update %d container(s)", len(failed))
+        return True
 
     def shutdown(self) -> None:
         self.hook.policy_shutdown()

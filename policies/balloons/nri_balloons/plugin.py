@@ -100,6 +100,13 @@ class Balloons:
         return self._updates()
 
     @hookimpl
+    def policy_reconfigure(self, config: str, source: str) -> list[Update]:
+        log.info("configuration update")
+        updates = self.reconfigure(config, source)
+        log.info("config updated successfully")
+        return updates
+
+    @hookimpl
     def policy_start(self, host: PolicyHost) -> None:
         log.info("setting up balloons policy...")
         self.host = host
