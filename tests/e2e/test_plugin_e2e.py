@@ -400,3 +400,34 @@ def _zombie_or_gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
     except OSError:
         return True
+
+
+# --------------------------------------------------------------------------- 7
+
+BALLOONS_CONFIG = """
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default, namespace: kube-system}
+spec:
+  reservedResources: {cpu: "cpuset:0"}
+  balloonTypes:
+  - name: dedicated
+    matchExpressions: [{key: qosclass, operator: In, values: [Guaranteed]}]
+    preferNewBalloons: true
+"""
+
+
+def test_balloons_policy_pins_in_real_containerd(
+    plugins: PluginFactory, cri: CRIClient, tmp_path: Path
+) -> None:
+    """The balloons policy, not just the test policy, against the real runtime:
+    the reserved cpuset keeps CPU 0, a Guaranteed container gets a balloon on CPU 1."""
+    cfg = tmp_path / "balloons.yaml"
+    cfg.write_text(BALLOONS_CONFIG)
+    proc = plugins.start("balloons", "10", extra_args=("--config-file", str(cfg)))
+    _, cid, cpus = run_container(cri, "balloons-g", "g", GUARANTEED)
+    assert cpus == "1"
+    assert exec_cpus(cri, cid) == "1"
+    log = proc.log_text()
+    print(f"[balloons] {cpus=}\n{log[-2000:]}")
+    assert re.search(r"assigning container default/balloons-g/g to balloon dedicated\[0\]", log)
