@@ -35,10 +35,23 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--cpus", default="", help="override the CPUs a policy manages (list format)")
     p.add_argument("--config-file", default="", help="policy configuration file (YAML)")
+    p.add_argument(
+        "--config-namespace",
+        default="",
+        help="namespace of the policy's custom resources (Kubernetes config source: not yet)",
+    )
+    p.add_argument("--config-group-label", default="config.nri/group")
+    p.add_argument("--sst-helper", default="", help="the SST helper's socket (ipc://PATH)")
     p.add_argument("--log-level", default="info")
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, value, what in (
+        ("--config-namespace", args.config_namespace, "the Kubernetes config source"),
+        ("--sst-helper", args.sst_helper, "the SST helper client"),
+    ):
+        if value:
+            log.warning("%s %s: %s is not implemented yet; ignored", flag, value, what)
     try:
         policy = load_policy(args.policy)
     except PolicyNotFound as exc:
