@@ -1,1 +1,14 @@
-"""nri_sst: the privileged Intel SST helper sidecar and its client (not yet implemented)."""
+"""nri_sst: the privileged Intel SST helper sidecar and its client.
+
+The helper (``nri-sst-helper serve``) is the only writer to hardware: SST
+(CP/TF/BF via ``/dev/isst_interface``), cpufreq, cpuidle and uncore sysfs.
+The plugin talks to it through :mod:`nri_sst.client` over ZeroMQ with the
+closed message set of :mod:`nri_sst.messages`.
+
+At runtime this package imports only itself, ``pyzmq`` and ``msgspec``.
+"""
+
+PROTOCOL_VERSION = 1
+"""Bumped on any incompatible change of :mod:`nri_sst.messages`."""
+
+__all__ = ["PROTOCOL_VERSION"]

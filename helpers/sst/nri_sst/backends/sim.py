@@ -1,0 +1,549 @@
+"""The ``sim`` backend: a dual-socket Xeon 6776P (GNR-SP, TPMI) per sst.md §5.
+
+The model answers the TPMI ioctls of :class:`~nri_sst.backends.base.Backend`
+with the kernel's error model (every TPMI failure is ``ENOTTY``, GET_PHY_ID of
+an impossible CPU is ``EINVAL``, MSR of an offline CPU is ``ENXIO``), keeps
+per-punit state (CP enable/priority, 4 CLOS as ratios, association per
+``(pkg, punit, module)``, PP level and feature state) and computes an effective
+frequency per CPU (§5.5.12) from which APERF/MPERF advance with a clock.
+
+State lives in a JSON file (``--sim-state FILE``), loaded at start if present
+(hardware state survives a helper restart) and rewritten atomically after every
+change, so tests and demos can inspect it:
+
+``punits["<pkg>/<punit>"]``
+    ``cp_enable``, ``cp_ordered``, ``clos`` (4 x ``[min_ratio, max_ratio, prop]``),
+    ``assoc`` (64 CLOS ids by module), ``feature_state``, ``current_level``,
+    ``locked``, ``level_mask``, ``allowed_mask``, ``feature_error``.
+``cpus``
+    ``aperf``, ``mperf``, ``tsc``, ``load`` (0..1), and the frequency oracle
+    ``min_mhz``/``max_mhz`` (effective bounds; Bzy MHz under load = max).
+``log``
+    The last writes, oldest first, for ordering assertions.
+
+Choices where sst.md §6 is uncertain: a CLOS max of 0 MHz means "no limit"
+(§6.6); HP CLOS = {0} (§6.7); the TF budget is per punit (§6.1); TF enable
+while CP is off is accepted and becomes effective when CP turns on (§6.2,
+``tf_strict=False``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nri_sst.backends.base import (
+    MSR_APERF,
+    MSR_MPERF,
+    MSR_PLATFORM_INFO,
+    MSR_PM_ENABLE,
+    MSR_PM_LOGICAL_ID,
+    MSR_TSC,
+    Backend,
+    ClosParam,
+    CorePower,
+    LevelInfo,
+    PerfLevels,
+    TurboFreqInfo,
+)
+from nri_sst.hostfs import Machine, SysfsWriter
+
+MODULES_PER_PUNIT_MAX = 64  # 4 CLOS_ASSOC registers x 16 cores (sst.md §1.9)
+LOG_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Every default is the 6776P of sst.md §5.1-§5.3."""
+
+    packages: int = 2
+    punits_per_package: int = 2
+    cores_per_punit: int = 32
+    threads_per_core: int = 2
+    profile: str = "bios-default"
+    """``bios-default``: CP off, proportional, CLOS {0,0,25500}, all CLOS 0.
+    ``bios-pct-on``: CP on, ordered, the first 8 modules of each punit in CLOS 0, others CLOS 2."""
+    strict: bool = True
+    """Reject out-of-range inputs hardware would corrupt (§5.5.2); False = kernel-faithful."""
+    tf_strict: bool = False
+    """Refuse TF enable (status stays 0, error 7) unless CP is on and ordered."""
+    hwp: bool = True
+    """MSR 0x770 bit 0; off makes CP/PP/feature sets fail (§5.5.3)."""
+    privileged: bool = True
+    """Without CAP_SYS_ADMIN every set fails with ENOTTY."""
+    cp_status_delay_s: float = 0.0
+    """CP status reflects a write only after this delay (§5.5.8)."""
+    level_change_cost_s: float = 0.02
+    tsc_mhz: int = 2300
+    base_mhz: int = 2300
+    p0_mhz: int = 4600
+    pm_mhz: int = 800
+    current_level: int = 0
+    level_mask: int = 0b00011
+    allowed_mask: int = 0b00011
+    locked: bool = True
+    tf_levels: int = 0b00011
+    trl_buckets: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32)
+    trl_mhz: tuple[int, ...] = (3900, 3900, 3800, 3800, 3700, 3700, 3600, 3600)
+    tf_buckets: tuple[int, ...] = (8, 16, 32)
+    tf_mhz: tuple[int, ...] = (4600, 4200, 3800)
+    lp_clip_mhz: int = 2300
+    cpuinfo_min_khz: int = 800_000
+    cpuinfo_max_khz: int = 4_600_000
+    never_online: tuple[int, ...] = ()
+    """CPUs never onlined since module load: GET_PHY_ID returns 0 (§5.5.4)."""
+
+    @property
+    def cores_per_package(self) -> int:
+        return self.punits_per_package * self.cores_per_punit
+
+    @property
+    def ncores(self) -> int:
+        return self.packages * self.cores_per_package
+
+    @property
+    def ncpus(self) -> int:
+        return self.ncores * self.threads_per_core
+
+    def locate(self, cpu: int) -> tuple[int, int, int, int]:
+        """``cpu -> (pkg, punit, module, thread)`` (sst.md §5.2, SMT sibling = cpu + ncores)."""
+        thread, g = divmod(cpu, self.ncores)
+        pkg, in_pkg = divmod(g, self.cores_per_package)
+        punit, module = divmod(in_pkg, self.cores_per_punit)
+        return pkg, punit, module, thread
+
+
+def _enotty(what: str) -> OSError:
+    return OSError(errno.ENOTTY, f"Inappropriate ioctl for device ({what})")
+
+
+class SimBackend(Backend):
+    name = "sim"
+    supported = True
+
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        state_file: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config or SimConfig()
+        self.state_file = Path(state_file) if state_file else None
+        self.clock = clock
+        self.sleep = sleep
+        self.machine: Machine | None = None
+        self.writer: SysfsWriter | None = None
+        self._limits: dict[int, tuple[int, int]] = {}
+        self._cp_pending: dict[str, tuple[float, bool, bool]] = {}
+        self.mismatches: list[int] = []
+        """Online CPUs whose sysfs package differs from the model's (a wrong host root)."""
+        self.state: dict[str, Any] = self._initial_state()
+        if self.state_file is not None and self.state_file.exists():
+            try:
+                loaded = json.loads(self.state_file.read_text())
+                if loaded.get("version") == 1 and set(loaded["punits"]) == set(
+                    self.state["punits"]
+                ):
+                    self.state = loaded
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # a corrupt state file is replaced by the boot state
+        self.state["clock"] = self.clock()
+        self._recompute()
+
+    # ------------------------------------------------------------------ state
+
+    def _initial_state(self) -> dict[str, Any]:
+        c = self.config
+        punits: dict[str, Any] = {}
+        pct_on = c.profile == "bios-pct-on"
+        for pkg in range(c.packages):
+            for pu in range(c.punits_per_package):
+                assoc = [0] * MODULES_PER_PUNIT_MAX
+                if pct_on:
+                    assoc = [0 if m < c.tf_buckets[0] else 2 for m in range(MODULES_PER_PUNIT_MAX)]
+                punits[f"{pkg}/{pu}"] = {
+                    "cp_enable": pct_on,
+                    "cp_ordered": pct_on,
+                    "clos": [[0, 0 if pct_on else 255, 0] for _ in range(4)],
+                    "assoc": assoc,
+                    "feature_state": 0b10 if pct_on else 0,
+                    "feature_error": 0,
+                    "current_level": c.current_level,
+                    "locked": c.locked,
+                    "level_mask": c.level_mask,
+                    "allowed_mask": c.allowed_mask,
+                }
+                if pct_on:
+                    punits[f"{pkg}/{pu}"]["clos"] = [[0, 255, 0] for _ in range(4)]
+        n = c.ncpus
+        return {
+            "version": 1,
+            "backend": "sim",
+            "model": "xeon-6776p",
+            "punits": punits,
+            "cpus": {
+                "aperf": [0] * n,
+                "mperf": [0] * n,
+                "tsc": [0] * n,
+                "load": [1.0] * n,
+                "min_mhz": [0] * n,
+                "max_mhz": [0] * n,
+            },
+            "clock": 0.0,
+            "log": [],
+        }
+
+    def save(self) -> None:
+        if self.state_file is None:
+            return
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps(self.state, separators=(",", ":")))
+        os.replace(tmp, self.state_file)
+
+    def _log(self, op: str, **fields: int | bool | str) -> None:
+        log: list[dict[str, Any]] = self.state["log"]
+        log.append({"op": op, **fields})
+        if len(log) > LOG_LIMIT:
+            del log[: len(log) - LOG_LIMIT]
+
+    def _punit(self, package: int, punit: int) -> dict[str, Any]:
+        pu = self.state["punits"].get(f"{package}/{punit}")
+        if pu is None:
+            raise _enotty(f"no power domain {package}/{punit}")
+        return pu  # type: ignore[no-any-return]
+
+    def _check_set(self) -> None:
+        if not self.config.privileged:
+            raise _enotty("not permitted")
+
+    def _check_hwp(self) -> None:
+        if not self.config.hwp:
+            raise _enotty("HWP disabled")
+
+    # ------------------------------------------------------------------ Backend hooks
+
+    def attach(self, machine: Machine) -> None:
+        self.machine = machine
+        self.writer = SysfsWriter(machine)
+        self.mismatches = sorted(
+            cpu
+            for cpu, pkg in machine.package_of.items()
+            if cpu >= self.config.ncpus or self.config.locate(cpu)[0] != pkg
+        )
+        self._read_limits(sorted(machine.online))
+        self._recompute()
+
+    def _read_limits(self, cpus: list[int]) -> None:
+        if self.writer is not None:
+            for cpu in cpus:
+                if 0 <= cpu < self.config.ncpus:
+                    self._limits[cpu] = self.writer.read_cpufreq_limits(cpu)
+
+    def sysfs_changed(self, cpus: list[int]) -> None:
+        self._advance()
+        self._read_limits(cpus)
+        self._log("sysfs", cpus=len(cpus))
+        self._recompute()
+
+    def settle(self) -> None:
+        self._advance()
+
+    def sync(self) -> None:
+        self._advance()
+        self._recompute()
+        self.save()
+
+    def tsc_mhz(self) -> int:
+        return self.config.tsc_mhz
+
+    # ------------------------------------------------------------------ ioctls
+
+    def api_version(self) -> int:
+        return 3
+
+    def count_instances(self, package: int) -> int:
+        if not 0 <= package < self.config.packages:
+            raise _enotty(f"no package {package}")
+        return (1 << self.config.punits_per_package) - 1
+
+    def phy_id(self, cpu: int) -> int:
+        if not 0 <= cpu < self.config.ncpus:
+            raise OSError(errno.EINVAL, f"cpu {cpu} >= possible CPUs")
+        if cpu in self.config.never_online:
+            return 0
+        _, punit, module, thread = self.config.locate(cpu)
+        return (punit << 11) | (module << 3) | thread
+
+    def perf_levels(self, package: int, punit: int) -> PerfLevels:
+        pu = self._punit(package, punit)
+        return PerfLevels(
+            max_level=int(pu["level_mask"]).bit_length() - 1,
+            feature_rev=1,
+            level_mask=pu["level_mask"],
+            current_level=pu["current_level"],
+            feature_state=pu["feature_state"],
+            locked=bool(pu["locked"]),
+            enabled=True,
+            tf_support=self.config.tf_levels,
+            bf_support=0,
+        )
+
+    def _check_level(self, package: int, punit: int, level: int) -> dict[str, Any]:
+        pu = self._punit(package, punit)
+        if not (0 <= level < 8 and pu["level_mask"] >> level & 1):
+            raise _enotty(f"level {level} not enabled")
+        return pu
+
+    def level_cpu_mask(self, package: int, punit: int, level: int) -> int:
+        self._check_level(package, punit, level)
+        return (1 << self.config.cores_per_punit) - 1
+
+    def level_info(self, package: int, punit: int, level: int) -> LevelInfo:
+        self._check_level(package, punit, level)
+        c = self.config
+        return LevelInfo(
+            base_mhz=c.base_mhz,
+            p0_mhz=c.p0_mhz,
+            pm_mhz=c.pm_mhz,
+            bucket_core_counts=c.trl_buckets,
+            trl_freq_mhz=(c.trl_mhz,),
+        )
+
+    def turbo_freq_info(self, package: int, punit: int, level: int) -> TurboFreqInfo:
+        self._check_level(package, punit, level)
+        c = self.config
+        return TurboFreqInfo(
+            lp_clip_mhz=(c.lp_clip_mhz,),
+            bucket_core_counts=c.tf_buckets,
+            trl_freq_mhz=(c.tf_mhz,),
+        )
+
+    def core_power_get(self, package: int, punit: int) -> CorePower:
+        pu = self._punit(package, punit)
+        key = f"{package}/{punit}"
+        pending = self._cp_pending.get(key)
+        if pending is not None:
+            at, enable, ordered = pending
+            if self.clock() < at:
+                return CorePower(enable=enable, supported=True, ordered=ordered)
+            del self._cp_pending[key]
+        return CorePower(
+            enable=bool(pu["cp_enable"]), supported=True, ordered=bool(pu["cp_ordered"])
+        )
+
+    def core_power_set(self, package: int, punit: int, enable: bool, ordered: bool) -> None:
+        pu = self._punit(package, punit)
+        self._check_set()
+        self._check_hwp()
+        if self.config.strict and (int(enable) not in (0, 1) or int(ordered) not in (0, 1)):
+            raise _enotty("enable/priority_type not 0/1")
+        self._advance()
+        if self.config.cp_status_delay_s > 0:
+            self._cp_pending[f"{package}/{punit}"] = (
+                self.clock() + self.config.cp_status_delay_s,
+                bool(pu["cp_enable"]),
+                bool(pu["cp_ordered"]),
+            )
+        pu["cp_enable"] = bool(int(enable) & 1)
+        # Kernel-faithful: enable=2 spills into the priority bit (§1.7).
+        pu["cp_ordered"] = bool(int(ordered) & 1 or int(enable) & 2)
+        self._log("cp", pkg=package, punit=punit, enable=pu["cp_enable"], ordered=pu["cp_ordered"])
+        self._recompute()
+
+    def clos_param_get(self, package: int, punit: int, clos: int) -> ClosParam:
+        pu = self._punit(package, punit)
+        if not 0 <= clos < 4:
+            raise _enotty(f"clos {clos}")
+        lo, hi, prop = pu["clos"][clos]
+        return ClosParam(min_mhz=lo * 100, max_mhz=hi * 100, prop_prio=prop)
+
+    def clos_param_set(self, package: int, punit: int, clos: int, param: ClosParam) -> None:
+        pu = self._punit(package, punit)
+        self._check_set()
+        lo, hi, prop = param.min_mhz // 100, param.max_mhz // 100, param.prop_prio
+        if self.config.strict and (
+            not 0 <= clos < 4 or not 0 <= lo <= 255 or not 0 <= hi <= 255 or not 0 <= prop <= 15
+        ):
+            raise _enotty(f"clos {clos} param {param} out of range")
+        if not 0 <= clos < 4:
+            self._log("corrupt-clos-param", pkg=package, punit=punit, clos=clos)
+            return
+        # Register [7:4] prop, [15:8] min, [23:16] max, written unmasked (§1.7).
+        reg = (prop << 4) | (lo << 8) | (hi << 16)
+        self._advance()
+        pu["clos"][clos] = [(reg >> 8) & 0xFF, (reg >> 16) & 0xFF, (reg >> 4) & 0xF]
+        self._log("clos-param", pkg=package, punit=punit, clos=clos, min=lo * 100, max=hi * 100)
+        self._recompute()
+
+    def clos_assoc_get(self, package: int, punit: int, core: int) -> int:
+        pu = self._punit(package, punit)
+        if not 0 <= core < MODULES_PER_PUNIT_MAX:
+            raise _enotty(f"punit core {core}")
+        return int(pu["assoc"][core])
+
+    def clos_assoc_set(self, package: int, punit: int, assoc: list[tuple[int, int]]) -> None:
+        pu = self._punit(package, punit)
+        self._check_set()
+        if len(assoc) > 64:
+            raise _enotty("more than 64 commands")
+        self._advance()
+        try:
+            for core, clos in assoc:
+                if not 0 <= core < MODULES_PER_PUNIT_MAX or (
+                    self.config.strict and not 0 <= clos < 4
+                ):
+                    raise _enotty(f"assoc core {core} clos {clos}")
+                pu["assoc"][core] = clos & 0x3 if self.config.strict else clos & 0xF
+            self._log("clos-assoc", pkg=package, punit=punit, n=len(assoc))
+        finally:  # entries before a failing one stay applied (§1.1)
+            self._recompute()
+
+    def perf_set_feature(self, package: int, punit: int, feature: int) -> None:
+        pu = self._punit(package, punit)
+        self._check_set()
+        self._check_hwp()
+        self._advance()
+        level = pu["current_level"]
+        state = 0
+        error = 0
+        if feature & 0b01:  # BF is not supported on 6776P
+            error |= 1
+        if feature & 0b10:
+            if not self.config.tf_levels >> level & 1:
+                error |= 1 << 3
+            elif self.config.tf_strict and not (pu["cp_enable"] and pu["cp_ordered"]):
+                error |= 7 << 3
+            else:
+                state |= 0b10
+        pu["feature_state"] = state
+        pu["feature_error"] = error
+        self._log("feature", pkg=package, punit=punit, feature=feature, state=state)
+        self._recompute()
+
+    def perf_set_level(self, package: int, punit: int, level: int) -> None:
+        """``PERF_SET_LEVEL`` (§5.5.9); not used by the helper's requests yet."""
+        pu = self._punit(package, punit)
+        self._check_set()
+        self._check_hwp()
+        if (
+            not (0 <= level < 8 and pu["allowed_mask"] >> level & 1)
+            or level == pu["current_level"]
+            or pu["locked"]
+        ):
+            self.sleep(self.config.level_change_cost_s)
+            raise _enotty(f"level change to {level} refused")
+        self._advance()
+        pu["current_level"] = level
+        pu["feature_state"] = 0
+        self._log("level", pkg=package, punit=punit, level=level)
+        self._recompute()
+
+    def read_msr(self, cpu: int, msr: int) -> int:
+        if self.machine is not None and cpu not in self.machine.online:
+            raise OSError(errno.ENXIO, f"cpu {cpu} offline")
+        if not 0 <= cpu < self.config.ncpus:
+            raise OSError(errno.ENXIO, f"no cpu {cpu}")
+        cpus = self.state["cpus"]
+        if msr == MSR_APERF:
+            return int(cpus["aperf"][cpu])
+        if msr == MSR_MPERF:
+            return int(cpus["mperf"][cpu])
+        if msr == MSR_TSC:
+            return int(cpus["tsc"][cpu])
+        if msr == MSR_PM_LOGICAL_ID:
+            return self.phy_id(cpu)
+        if msr == MSR_PM_ENABLE:
+            return int(self.config.hwp)
+        if msr == MSR_PLATFORM_INFO:
+            return ((self.config.base_mhz // 100) << 8) | ((self.config.pm_mhz // 100) << 40)
+        raise OSError(errno.EIO, f"MSR {msr:#x} not modelled")
+
+    # ------------------------------------------------------------------ the model
+
+    def _advance(self) -> None:
+        """Advance TSC/MPERF/APERF to now at the frequencies computed last."""
+        now = self.clock()
+        us = int((now - float(self.state["clock"])) * 1_000_000)
+        if us <= 0:
+            return
+        self.state["clock"] = now
+        cpus = self.state["cpus"]
+        tsc_step = self.config.tsc_mhz * us
+        aperf, mperf, tsc = cpus["aperf"], cpus["mperf"], cpus["tsc"]
+        load, mhz = cpus["load"], cpus["max_mhz"]
+        for i in range(len(tsc)):
+            tsc[i] += tsc_step
+            busy = us * load[i]
+            mperf[i] += int(self.config.tsc_mhz * busy)
+            aperf[i] += int(mhz[i] * busy)
+
+    def tf_effective(self, package: int, punit: int) -> bool:
+        """§5.5.11: TF status and CP enabled and ordered and turbo on."""
+        pu = self._punit(package, punit)
+        no_turbo = self.machine.no_turbo if self.machine is not None else False
+        return bool(
+            pu["feature_state"] & 0b10 and pu["cp_enable"] and pu["cp_ordered"] and not no_turbo
+        )
+
+    def _recompute(self) -> None:
+        """The frequency oracle (§5.5.12) for every CPU."""
+        c = self.config
+        cpus = self.state["cpus"]
+        no_turbo = self.machine.no_turbo if self.machine is not None else False
+        per_punit: dict[tuple[int, int], tuple[bool, int | None, int]] = {}
+        for pkg in range(c.packages):
+            for pu_id in range(c.punits_per_package):
+                pu = self._punit(pkg, pu_id)
+                hp = sum(1 for m in range(c.cores_per_punit) if pu["assoc"][m] == 0)
+                bucket = next((b for b, n in enumerate(c.tf_buckets) if hp <= n), None)
+                active = sum(
+                    1
+                    for m in range(c.cores_per_punit)
+                    if any(
+                        cpus["load"][self._cpu_of(pkg, pu_id, m, t)] > 0
+                        for t in range(c.threads_per_core)
+                    )
+                )
+                trl = next(
+                    (f for n, f in zip(c.trl_buckets, c.trl_mhz, strict=False) if active <= n),
+                    c.trl_mhz[-1],
+                )
+                per_punit[(pkg, pu_id)] = (self.tf_effective(pkg, pu_id), bucket, trl)
+        for cpu in range(c.ncpus):
+            pkg, pu_id, module, _ = c.locate(cpu)
+            pu = self.state["punits"][f"{pkg}/{pu_id}"]
+            smin, smax = self._limits.get(cpu, (c.cpuinfo_min_khz, c.cpuinfo_max_khz))
+            smin_mhz, smax_mhz = smin // 1000, smax // 1000
+            cap = smax_mhz
+            clos = pu["assoc"][module] & 0x3
+            clos_min = 0
+            if pu["cp_enable"]:
+                lo, hi, _ = pu["clos"][clos]
+                if hi:
+                    cap = min(cap, hi * 100)
+                clos_min = lo * 100
+            tf, bucket, trl = per_punit[(pkg, pu_id)]
+            if no_turbo:
+                limit = c.base_mhz
+            elif tf and bucket is not None:
+                limit = c.tf_mhz[bucket] if clos == 0 else c.lp_clip_mhz
+            else:
+                limit = trl
+            max_eff = min(cap, limit)
+            cpus["max_mhz"][cpu] = max_eff
+            cpus["min_mhz"][cpu] = min(max(smin_mhz, clos_min), max_eff)
+
+    def _cpu_of(self, pkg: int, punit: int, module: int, thread: int) -> int:
+        c = self.config
+        return thread * c.ncores + pkg * c.cores_per_package + punit * c.cores_per_punit + module
+
+    def expected_mhz(self, cpu: int) -> int:
+        """Bzy MHz under load (the oracle's ``max_mhz``)."""
+        return int(self.state["cpus"]["max_mhz"][cpu])

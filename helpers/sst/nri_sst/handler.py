@@ -1,0 +1,220 @@
+"""The request handler, sans-IO: bytes in, bytes out, never an exception.
+
+:meth:`RequestHandler.handle` decodes (size first), checks the handshake,
+validates against the discovered machine, runs the operation on the
+:class:`~nri_sst.sst_platform.SstPlatform` and the sysfs writers, and encodes the
+typed reply or an :class:`~nri_sst.messages.ErrorReply`. The ZeroMQ server is
+a thin loop around it; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from nri_sst import PROTOCOL_VERSION, validate
+from nri_sst import messages as m
+from nri_sst.backends.base import MSR_APERF, MSR_MPERF, MSR_TSC, Backend
+from nri_sst.hostfs import Machine, SysfsError, SysfsWriter, discover_machine
+from nri_sst.sst_platform import SstPlatform
+
+log = logging.getLogger("nri_sst")
+
+CAPABILITIES = ["sst-cp", "sst-tf", "cstates", "cpufreq", "uncore", "aperf-mperf"]
+MAX_PEERS = 1024
+
+
+class RequestHandler:
+    def __init__(self, backend: Backend, host_root: Path) -> None:
+        self.backend = backend
+        self.host_root = Path(host_root)
+        self.machine: Machine = discover_machine(self.host_root)
+        self.platform = SstPlatform(backend, self.machine)
+        self.writer = SysfsWriter(self.machine)
+        self.managed = False
+        """True after PrepareManagedMode until Teardown: SIGTERM then resets SST."""
+        self.peers: set[bytes] = set()
+        for w in self.platform.warnings:
+            log.warning("sst: %s", w)
+
+    # ------------------------------------------------------------------ entry point
+
+    def handle(self, data: bytes, peer: bytes = b"") -> bytes:
+        try:
+            req = m.decode_request(data)
+            reply = self.dispatch(req, peer)
+        except m.HelperError as exc:
+            reply = exc.reply()
+        except Exception as exc:  # a bug must not kill the helper
+            log.exception("internal error handling a request")
+            reply = m.ErrorReply(code="internal", message=f"internal error: {exc!r}")
+        return m.encode(reply)
+
+    def dispatch(self, req: m.Request, peer: bytes = b"") -> m.Reply:
+        if isinstance(req, m.Hello):
+            validate.hello(req)
+            if len(self.peers) >= MAX_PEERS:
+                self.peers.clear()
+            self.peers.add(peer)
+            return m.HelloReply(
+                protocol=PROTOCOL_VERSION,
+                backend=self.backend.name,
+                sst_supported=self.platform.supported,
+                capabilities=list(CAPABILITIES),
+            )
+        if peer not in self.peers:
+            raise m.HelperError("handshake-required", "send Hello first")
+        changed = True
+        try:
+            reply, changed = self._run(req)
+        finally:
+            if changed:
+                self.backend.sync()
+        return reply
+
+    def _sst(self) -> SstPlatform:
+        self.platform.require()
+        return self.platform
+
+    def _run(self, req: m.Request) -> tuple[m.Reply, bool]:
+        mc = self.machine
+        if isinstance(req, m.Discover):
+            return self.discover(), False
+        if isinstance(req, m.PrepareManagedMode):
+            sst = self._sst()
+            sst.prepare_managed_mode()
+            self.managed = True
+            log.info("sst: PrepareManagedMode done (CPReset+TFEnable+CPSetPriorityType=ordered)")
+            return m.PrepareManagedModeReply(punits=len(sst.punits)), True
+        if isinstance(req, m.ConfigureClos):
+            clos = validate.clos(req.clos)
+            validate.clos_freqs(mc, req.min_khz, req.max_khz, req.proportional_priority)
+            sst = self._sst()
+            sst.configure_clos(clos, req.min_khz, req.max_khz, req.proportional_priority)
+            log.info("sst: programmed CLOS %d min=%d max=%d kHz", clos, req.min_khz, req.max_khz)
+            return m.ConfigureClosReply(config=sst.clos_config(sst.first_punit(), clos)), True
+        if isinstance(req, m.EnableCP):
+            sst = self._sst()
+            sst.enable_cp()
+            return m.EnableCPReply(punits=len(sst.punits)), True
+        if isinstance(req, m.AssociateCpus):
+            clos = validate.clos(req.clos)
+            cpus = validate.cpus(mc, req.cpus)
+            sst = self._sst()
+            validate.sst_cpus(mc, sst.punit_of, cpus)
+            sst.associate(clos, cpus)
+            return m.AssociateCpusReply(clos=clos, cpus=cpus), True
+        if isinstance(req, m.GetAssociation):
+            cpus = validate.cpus(mc, req.cpus)
+            sst = self._sst()
+            validate.sst_cpus(mc, sst.punit_of, cpus)
+            return m.GetAssociationReply(clos=sst.get_association(cpus)), False
+        if isinstance(req, m.GetClosConfig):
+            clos = validate.clos(req.clos)
+            sst = self._sst()
+            return m.GetClosConfigReply(config=sst.clos_config(sst.first_punit(), clos)), False
+        if isinstance(req, m.TFStatus):
+            return m.TFStatusReply(punits=self._sst().tf_status()), False
+        if isinstance(req, m.Teardown):
+            sst = self._sst()
+            self.teardown()
+            return m.TeardownReply(punits=len(sst.punits)), True
+        if isinstance(req, m.SetCstates):
+            cpus, names = validate.cstates(mc, req)
+            try:
+                for cpu in cpus:
+                    self.writer.set_cstates(cpu, names)
+            except SysfsError as exc:
+                raise m.HelperError("hardware-error", str(exc)) from None
+            finally:
+                self.backend.sysfs_changed(cpus)
+            return m.SetCstatesReply(cpus=cpus, disabled=sorted(names)), True
+        if isinstance(req, m.SetCpufreq):
+            cpus = validate.cpufreq(mc, req)
+            try:
+                for cpu in cpus:
+                    self.writer.set_cpufreq(cpu, req.min_khz, req.max_khz, req.governor, req.epp)
+            except SysfsError as exc:
+                raise m.HelperError("hardware-error", str(exc)) from None
+            finally:
+                self.backend.sysfs_changed(cpus)
+            return m.SetCpufreqReply(cpus=cpus), True
+        if isinstance(req, m.SetUncore):
+            validate.uncore(mc, req)
+            try:
+                self.writer.set_uncore(req.package, req.die, req.min_khz, req.max_khz)
+            except SysfsError as exc:
+                raise m.HelperError("hardware-error", str(exc)) from None
+            return m.SetUncoreReply(package=req.package, die=req.die), False
+        if isinstance(req, m.ReadFrequency):
+            cpus = validate.cpus(mc, req.cpus)
+            return self.read_frequency(cpus), False
+        raise m.HelperError("unknown-message", f"unhandled request {type(req).__name__}")
+
+    # ------------------------------------------------------------------ operations
+
+    def discover(self) -> m.DiscoverReply:
+        sst = self.platform
+        packages = sst.packages_info() if sst.supported else []
+        first = min(self.machine.cpufreq, default=None)
+        cf = None
+        if first is not None:
+            i = self.machine.cpufreq[first]
+            cf = m.CpufreqInfo(
+                min_khz=i.min_khz,
+                base_khz=i.base_khz,
+                max_khz=i.max_khz,
+                governors=list(i.governors),
+                epp_preferences=list(i.epp_preferences),
+            )
+        first_idle = min(self.machine.cstates, default=None)
+        return m.DiscoverReply(
+            supported=sst.supported,
+            backend=self.backend.name,
+            api_version=sst.api_version,
+            online_cpus=sorted(self.machine.online),
+            packages=packages,
+            cpufreq=cf,
+            cstates=list(self.machine.cstates[first_idle]) if first_idle is not None else [],
+            uncore=[
+                m.UncoreDomain(
+                    package=u.package,
+                    die=u.die,
+                    min_khz=u.initial_min_khz,
+                    max_khz=u.initial_max_khz,
+                )
+                for u in sorted(self.machine.uncore.values(), key=lambda u: (u.package, u.die))
+            ],
+        )
+
+    def teardown(self) -> None:
+        """CPReset, then TF disable, then CP disable on every package."""
+        self._sst().teardown()
+        self.managed = False
+        log.info("sst: teardown done (CPReset, TFDisable, CPDisable on every package)")
+
+    def read_frequency(self, cpus: list[int]) -> m.ReadFrequencyReply:
+        b = self.backend
+        if not b.supported:
+            raise m.HelperError("not-supported", "SST not supported: no APERF/MPERF access")
+        b.settle()
+        samples = []
+        for cpu in cpus:
+            try:
+                samples.append(
+                    m.FrequencySample(
+                        cpu=cpu,
+                        aperf=b.read_msr(cpu, MSR_APERF),
+                        mperf=b.read_msr(cpu, MSR_MPERF),
+                        tsc=b.read_msr(cpu, MSR_TSC),
+                    )
+                )
+            except OSError as exc:
+                raise m.HelperError("hardware-error", f"MSR read on cpu {cpu}: {exc}") from None
+        return m.ReadFrequencyReply(tsc_mhz=b.tsc_mhz(), samples=samples)
+
+
+def bzy_mhz(before: m.FrequencySample, after: m.FrequencySample, tsc_mhz: int) -> float:
+    """turbostat's Bzy_MHz = TSC_MHz * ΔAPERF / ΔMPERF (0.0 when idle)."""
+    dm = after.mperf - before.mperf
+    return tsc_mhz * (after.aperf - before.aperf) / dm if dm > 0 else 0.0

@@ -1,0 +1,416 @@
+"""The helper protocol: a closed set of msgspec tagged-union Structs, msgpack on the wire.
+
+Framing (ZeroMQ): the client (DEALER) sends ``[b"", request_id, payload]``; the
+helper (ROUTER) answers ``[b"", request_id, reply]`` with the same 8-byte
+``request_id`` so late replies to timed-out requests are recognised and dropped.
+
+Conventions:
+
+* **CPUs are a list of ints** (``list[int]``) everywhere, never list-format
+  strings: they are typed, need no parser on either side and are validated one
+  by one against the discovered online set.
+* Frequencies are **kHz** (as cpufreq sysfs and nri-plugins use them); the
+  helper converts to MHz for SST.
+* Every request has exactly one typed reply, or :class:`ErrorReply`.
+* A client must send :class:`Hello` first; any other request from a peer that
+  has not said hello gets ``ErrorReply(code="handshake-required")``.
+* Payloads larger than :data:`MAX_MESSAGE_SIZE` are refused before decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+MAX_MESSAGE_SIZE = 64 * 1024
+"""Largest request payload the helper decodes (checked before decoding)."""
+
+CLOS_COUNT = 4
+CLOS_NO_LIMIT_KHZ = 25_500_000
+"""CLOS max of 25500 MHz = "no limit" (intel-speed-select: "Max Turbo frequency")."""
+
+Priority = Literal["proportional", "ordered"]
+
+ErrorCode = Literal[
+    "too-large",  # payload over MAX_MESSAGE_SIZE
+    "malformed",  # not msgpack / wrong field types
+    "unknown-message",  # a tag outside the closed set
+    "handshake-required",  # request before Hello
+    "protocol-mismatch",  # Hello with an unsupported protocol version
+    "invalid-argument",  # a field failed validation against the machine
+    "not-supported",  # SST (or the sysfs knob) is not available on this host
+    "hardware-error",  # the backend or sysfs refused the operation
+    "internal",  # a bug in the helper; it keeps running
+]
+
+
+class _Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
+    pass
+
+
+# --------------------------------------------------------------------------- shared records
+
+
+class PPInfo(msgspec.Struct, frozen=True):
+    """SST-PP of one punit (``PERF_LEVELS``)."""
+
+    supported: bool
+    current_level: int
+    levels: list[int]
+    locked: bool
+    feature_rev: int
+
+
+class CPInfo(msgspec.Struct, frozen=True):
+    """SST-CP of one punit (``CORE_POWER_STATE{get}``)."""
+
+    supported: bool
+    enabled: bool
+    priority: Priority
+
+
+class TFBucket(msgspec.Struct, frozen=True):
+    hp_cores: int
+    max_mhz: list[int]
+    """HP max frequency per TRL level (level-0 first); zeros dropped."""
+
+
+class TFInfo(msgspec.Struct, frozen=True):
+    supported: bool
+    enabled: bool
+    buckets: list[TFBucket]
+    lp_clip_mhz: list[int]
+
+
+class BFInfo(msgspec.Struct, frozen=True):
+    supported: bool
+    enabled: bool
+    high_base_mhz: int = 0
+    low_base_mhz: int = 0
+    hp_cpus: list[int] = []
+
+
+class ClosConfig(msgspec.Struct, frozen=True):
+    clos: int
+    min_khz: int
+    max_khz: int
+    proportional_priority: int
+
+
+class PunitInfo(msgspec.Struct, frozen=True):
+    package: int
+    punit: int
+    cpus: list[int]
+    pp: PPInfo
+    cp: CPInfo
+    tf: TFInfo
+    bf: BFInfo
+    base_mhz: int
+    max_hp_cpus: int
+    """Largest non-zero TF bucket core count (BF HP CPU count as fallback)."""
+    guaranteed_hp_cpus: int
+    """Smallest non-zero TF bucket core count (BF HP CPU count as fallback)."""
+    clos: list[ClosConfig]
+
+
+class PackageInfo(msgspec.Struct, frozen=True):
+    package: int
+    cpus: list[int]
+    punits: list[PunitInfo]
+
+
+class CpufreqInfo(msgspec.Struct, frozen=True):
+    """cpufreq of the first online CPU that has it (all CPUs alike on Xeon)."""
+
+    min_khz: int
+    base_khz: int
+    max_khz: int
+    governors: list[str]
+    epp_preferences: list[str]
+
+
+class UncoreDomain(msgspec.Struct, frozen=True):
+    package: int
+    die: int
+    min_khz: int
+    max_khz: int
+
+
+class FrequencySample(msgspec.Struct, frozen=True):
+    """Raw counters of one CPU; Bzy MHz = tsc_mhz * ΔAPERF / ΔMPERF over two samples."""
+
+    cpu: int
+    aperf: int
+    mperf: int
+    tsc: int
+
+
+class PunitTF(msgspec.Struct, frozen=True):
+    package: int
+    punit: int
+    supported: bool
+    enabled: bool
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class Hello(_Msg, frozen=True, tag="hello"):
+    protocol: int
+    capabilities: list[str] = []
+    client: str = ""
+
+
+class Discover(_Msg, frozen=True, tag="discover"):
+    pass
+
+
+class PrepareManagedMode(_Msg, frozen=True, tag="prepare-managed-mode"):
+    """Per package: CPReset, TFEnable, CPSetPriorityType(ordered) (sst.md §3.5)."""
+
+
+class ConfigureClos(_Msg, frozen=True, tag="configure-clos"):
+    """CLOS_PARAM set on every punit of every package."""
+
+    clos: int
+    min_khz: int
+    max_khz: int
+    proportional_priority: int = 0
+
+
+class EnableCP(_Msg, frozen=True, tag="enable-cp"):
+    """CPEnable on every punit, keeping the priority type."""
+
+
+class AssociateCpus(_Msg, frozen=True, tag="associate-cpus"):
+    clos: int
+    cpus: list[int]
+
+
+class GetAssociation(_Msg, frozen=True, tag="get-association"):
+    cpus: list[int]
+
+
+class GetClosConfig(_Msg, frozen=True, tag="get-clos-config"):
+    """Read from the first package's first punit, as nri assoc-only mode does."""
+
+    clos: int
+
+
+class TFStatus(_Msg, frozen=True, tag="tf-status"):
+    pass
+
+
+class Teardown(_Msg, frozen=True, tag="teardown"):
+    """Per package: CPReset, TFDisable, CPDisable (also what SIGTERM does in managed mode)."""
+
+
+class SetCstates(_Msg, frozen=True, tag="set-cstates"):
+    """Disable exactly the named C-states on ``cpus`` and enable all others."""
+
+    cpus: list[int]
+    disabled: list[str]
+
+
+class SetCpufreq(_Msg, frozen=True, tag="set-cpufreq"):
+    """``None`` leaves a knob alone (nri's "0 means no write")."""
+
+    cpus: list[int]
+    min_khz: int | None = None
+    max_khz: int | None = None
+    governor: str | None = None
+    epp: str | None = None
+
+
+class SetUncore(_Msg, frozen=True, tag="set-uncore"):
+    package: int
+    die: int
+    min_khz: int | None = None
+    max_khz: int | None = None
+
+
+class ReadFrequency(_Msg, frozen=True, tag="read-frequency"):
+    cpus: list[int]
+
+
+Request = (
+    Hello
+    | Discover
+    | PrepareManagedMode
+    | ConfigureClos
+    | EnableCP
+    | AssociateCpus
+    | GetAssociation
+    | GetClosConfig
+    | TFStatus
+    | Teardown
+    | SetCstates
+    | SetCpufreq
+    | SetUncore
+    | ReadFrequency
+)
+
+
+# --------------------------------------------------------------------------- replies
+
+
+class HelloReply(_Msg, frozen=True, tag="hello-reply"):
+    protocol: int
+    backend: str
+    sst_supported: bool
+    capabilities: list[str]
+
+
+class DiscoverReply(_Msg, frozen=True, tag="discover-reply"):
+    supported: bool
+    backend: str
+    api_version: int
+    online_cpus: list[int]
+    packages: list[PackageInfo]
+    cpufreq: CpufreqInfo | None
+    cstates: list[str]
+    """C-state names of the first online CPU (POLL included)."""
+    uncore: list[UncoreDomain]
+
+
+class PrepareManagedModeReply(_Msg, frozen=True, tag="prepare-managed-mode-reply"):
+    punits: int
+
+
+class ConfigureClosReply(_Msg, frozen=True, tag="configure-clos-reply"):
+    config: ClosConfig
+    """As read back from the first punit (MHz floored to 100)."""
+
+
+class EnableCPReply(_Msg, frozen=True, tag="enable-cp-reply"):
+    punits: int
+
+
+class AssociateCpusReply(_Msg, frozen=True, tag="associate-cpus-reply"):
+    clos: int
+    cpus: list[int]
+
+
+class GetAssociationReply(_Msg, frozen=True, tag="get-association-reply"):
+    clos: dict[int, int]
+    """CPU -> CLOS id."""
+
+
+class GetClosConfigReply(_Msg, frozen=True, tag="get-clos-config-reply"):
+    config: ClosConfig
+
+
+class TFStatusReply(_Msg, frozen=True, tag="tf-status-reply"):
+    punits: list[PunitTF]
+
+
+class TeardownReply(_Msg, frozen=True, tag="teardown-reply"):
+    punits: int
+
+
+class SetCstatesReply(_Msg, frozen=True, tag="set-cstates-reply"):
+    cpus: list[int]
+    disabled: list[str]
+
+
+class SetCpufreqReply(_Msg, frozen=True, tag="set-cpufreq-reply"):
+    cpus: list[int]
+
+
+class SetUncoreReply(_Msg, frozen=True, tag="set-uncore-reply"):
+    package: int
+    die: int
+
+
+class ReadFrequencyReply(_Msg, frozen=True, tag="read-frequency-reply"):
+    tsc_mhz: int
+    samples: list[FrequencySample]
+
+
+class ErrorReply(_Msg, frozen=True, tag="error"):
+    code: ErrorCode
+    message: str
+
+
+Reply = (
+    HelloReply
+    | DiscoverReply
+    | PrepareManagedModeReply
+    | ConfigureClosReply
+    | EnableCPReply
+    | AssociateCpusReply
+    | GetAssociationReply
+    | GetClosConfigReply
+    | TFStatusReply
+    | TeardownReply
+    | SetCstatesReply
+    | SetCpufreqReply
+    | SetUncoreReply
+    | ReadFrequencyReply
+    | ErrorReply
+)
+
+REPLY_FOR: dict[type[_Msg], type[_Msg]] = {
+    Hello: HelloReply,
+    Discover: DiscoverReply,
+    PrepareManagedMode: PrepareManagedModeReply,
+    ConfigureClos: ConfigureClosReply,
+    EnableCP: EnableCPReply,
+    AssociateCpus: AssociateCpusReply,
+    GetAssociation: GetAssociationReply,
+    GetClosConfig: GetClosConfigReply,
+    TFStatus: TFStatusReply,
+    Teardown: TeardownReply,
+    SetCstates: SetCstatesReply,
+    SetCpufreq: SetCpufreqReply,
+    SetUncore: SetUncoreReply,
+    ReadFrequency: ReadFrequencyReply,
+}
+"""The one typed reply of each request (besides :class:`ErrorReply`)."""
+
+
+class HelperError(Exception):
+    """A typed failure of a request; carries the :class:`ErrorReply` to send."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = message
+
+    def reply(self) -> ErrorReply:
+        return ErrorReply(code=self.code, message=self.message)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_request(data: bytes) -> Request:
+    """Bytes -> one of the closed request set, or :class:`HelperError`.
+
+    The size is checked before any decoding.
+    """
+    if len(data) > MAX_MESSAGE_SIZE:
+        raise HelperError(
+            "too-large", f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_SIZE}"
+        )
+    try:
+        return _request_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if "Invalid value" in text and "`$.type`" in text:
+            raise HelperError("unknown-message", f"unknown message: {text}") from None
+        raise HelperError("malformed", f"malformed message: {text}") from None
+    except msgspec.DecodeError as exc:
+        raise HelperError("malformed", f"malformed message: {exc}") from None
+
+
+def decode_reply(data: bytes) -> Reply:
+    """Bytes -> a typed reply (client side); raises ``msgspec`` errors on garbage."""
+    return _reply_decoder.decode(data)

@@ -1,0 +1,170 @@
+"""Every request field checked against the discovered machine (sst.md §1.7).
+
+The kernel does not check CLOS ids, unmasked MHz fields, punit core ids or
+levels, and reports every TPMI failure as ``ENOTTY``; so the helper checks
+everything itself, before any write. Each function raises
+``HelperError("invalid-argument", ...)`` naming the field and the value, and
+never anything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nri_sst import messages as m
+from nri_sst._cpuset import format as format_cpus
+from nri_sst.hostfs import Machine
+
+MAX_CLOS_KHZ = m.CLOS_NO_LIMIT_KHZ
+MAX_PROP_PRIO = 15
+
+
+def _bad(message: str) -> m.HelperError:
+    return m.HelperError("invalid-argument", message)
+
+
+def _int(name: str, value: object) -> int:
+    if type(value) is not int:
+        raise _bad(f"{name}: expected an integer, got {value!r}")
+    return value
+
+
+def cpus(machine: Machine, values: Iterable[object], field: str = "cpus") -> list[int]:
+    """CPUs must be ints in the discovered online set; returns them sorted, unique."""
+    out: set[int] = set()
+    bad: list[int] = []
+    for v in values:
+        cpu = _int(field, v)
+        if cpu not in machine.online:
+            bad.append(cpu)
+        out.add(cpu)
+    if bad:
+        raise _bad(
+            f"{field}: CPUs {format_cpus(b for b in bad if b >= 0) or bad} are not online "
+            f"(online: {format_cpus(machine.online)})"
+        )
+    if not out:
+        raise _bad(f"{field}: empty CPU list")
+    return sorted(out)
+
+
+def sst_cpus(machine: Machine, punit_of: dict[int, tuple[int, int]], values: list[int]) -> None:
+    """CPUs must map to a discovered punit (GET_PHY_ID succeeded, punit valid)."""
+    missing = [c for c in values if c not in punit_of]
+    if missing:
+        raise _bad(f"cpus: CPUs {format_cpus(missing)} are not in any SST power domain")
+
+
+def clos(value: object) -> int:
+    c = _int("clos", value)
+    if not 0 <= c < m.CLOS_COUNT:
+        raise _bad(f"clos: invalid CLOS id {c} (valid: 0-{m.CLOS_COUNT - 1})")
+    return c
+
+
+def clos_freqs(machine: Machine, min_khz: object, max_khz: object, prop: object) -> None:
+    """CLOS min/max: 0, or within cpuinfo min..max, or max = 25500 MHz ("no limit");
+    multiples of 100 MHz; min <= max; proportional priority 0..15."""
+    lo = _int("min_khz", min_khz)
+    hi = _int("max_khz", max_khz)
+    p = _int("proportional_priority", prop)
+    fmin, fmax = _freq_range(machine)
+    for name, v in (("min_khz", lo), ("max_khz", hi)):
+        if v % 100_000:
+            raise _bad(f"{name}: {v} kHz is not a multiple of 100 MHz")
+        if v == 0 or (name == "max_khz" and v == MAX_CLOS_KHZ):
+            continue
+        if not fmin <= v <= fmax:
+            raise _bad(f"{name}: {v} kHz outside {fmin}..{fmax} kHz")
+    if lo > hi:
+        raise _bad(f"min freq {lo // 1000} MHz must be smaller than max freq {hi // 1000} MHz")
+    if not 0 <= p <= MAX_PROP_PRIO:
+        raise _bad(f"proportional_priority: {p} outside 0..{MAX_PROP_PRIO}")
+
+
+def _freq_range(machine: Machine, cpus_: Iterable[int] | None = None) -> tuple[int, int]:
+    infos = [machine.cpufreq[c] for c in (cpus_ or machine.cpufreq) if c in machine.cpufreq]
+    if not infos:
+        raise m.HelperError("not-supported", "no cpufreq on this host")
+    return max(i.min_khz for i in infos), min(i.max_khz for i in infos)
+
+
+def cpufreq(machine: Machine, req: m.SetCpufreq) -> list[int]:
+    targets = cpus(machine, req.cpus)
+    no_freq = [c for c in targets if c not in machine.cpufreq]
+    if no_freq:
+        raise m.HelperError("not-supported", f"cpus: CPUs {format_cpus(no_freq)} have no cpufreq")
+    fmin, fmax = _freq_range(machine, targets)
+    for name, v in (("min_khz", req.min_khz), ("max_khz", req.max_khz)):
+        if v is not None and not fmin <= _int(name, v) <= fmax:
+            raise _bad(f"{name}: {v} kHz outside {fmin}..{fmax} kHz")
+    if req.min_khz is not None and req.max_khz is not None and req.min_khz > req.max_khz:
+        raise _bad(f"min_khz {req.min_khz} is greater than max_khz {req.max_khz}")
+    for c in targets:
+        info = machine.cpufreq[c]
+        if req.governor is not None and req.governor not in info.governors:
+            raise _bad(
+                f"governor: {req.governor!r} not in scaling_available_governors "
+                f"{list(info.governors)} of cpu {c}"
+            )
+        if req.epp is not None and not _epp_ok(req.epp, info.epp_preferences):
+            raise _bad(
+                f"epp: {req.epp!r} is neither one of {list(info.epp_preferences)} "
+                f"nor an integer 0..255 (cpu {c})"
+            )
+    if (
+        req.epp is not None
+        and req.governor == "performance"
+        and req.epp
+        not in (
+            "performance",
+            "0",
+        )
+    ):
+        raise _bad(f"epp: {req.epp!r} is refused under the performance governor (EBUSY)")
+    return targets
+
+
+def _epp_ok(value: str, prefs: tuple[str, ...]) -> bool:
+    if value in prefs:
+        return True
+    return value.isascii() and value.isdigit() and len(value) <= 3 and 0 <= int(value) <= 255
+
+
+def cstates(machine: Machine, req: m.SetCstates) -> tuple[list[int], frozenset[str]]:
+    """Names only from the discovered list of *each* CPU (never used to build a path)."""
+    targets = cpus(machine, req.cpus)
+    names = frozenset(req.disabled)
+    for c in targets:
+        known = machine.cstates.get(c)
+        if not known:
+            raise m.HelperError("not-supported", f"cpu {c} has no cpuidle states")
+        unknown = sorted(n for n in names if n not in known)
+        if unknown:
+            raise _bad(f"disabled: unknown C-states {unknown} on cpu {c} (known: {list(known)})")
+    return targets, names
+
+
+def uncore(machine: Machine, req: m.SetUncore) -> None:
+    key = (_int("package", req.package), _int("die", req.die))
+    dom = machine.uncore.get(key)
+    if dom is None:
+        if not machine.uncore:
+            raise m.HelperError("not-supported", "uncore driver not available")
+        raise _bad(f"package/die: no uncore domain package_{key[0]:02d}_die_{key[1]:02d}")
+    lo, hi = dom.initial_min_khz, dom.initial_max_khz
+    for name, v in (("min_khz", req.min_khz), ("max_khz", req.max_khz)):
+        if v is not None and not lo <= _int(name, v) <= hi:
+            raise _bad(f"{name}: {v} kHz outside {lo}..{hi} kHz")
+    if req.min_khz is not None and req.max_khz is not None and req.min_khz > req.max_khz:
+        raise _bad(f"min_khz {req.min_khz} is greater than max_khz {req.max_khz}")
+
+
+def hello(req: m.Hello) -> None:
+    from nri_sst import PROTOCOL_VERSION
+
+    if req.protocol != PROTOCOL_VERSION:
+        raise m.HelperError(
+            "protocol-mismatch",
+            f"protocol {req.protocol} not supported (helper speaks {PROTOCOL_VERSION})",
+        )

@@ -1,0 +1,161 @@
+"""The request handler: the managed-mode sequence and fuzzing (never an exception)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nri_sst import messages as m
+from nri_sst.backends.sim import SimBackend
+from nri_sst.handler import RequestHandler
+
+from .conftest import SMALL_SIM
+from .test_sst_messages import REQUESTS
+
+
+@pytest.fixture(scope="module")
+def handler(tmp_path_factory: pytest.TempPathFactory) -> RequestHandler:
+    from nri_framework.simulate.sysfs import write_topology
+
+    from .conftest import SMALL
+
+    root = write_topology(tmp_path_factory.mktemp("fuzz") / "host", SMALL)
+    h = RequestHandler(SimBackend(SMALL_SIM), root)
+    h.handle(m.encode(m.Hello(protocol=1)), b"fuzz")
+    return h
+
+
+def test_discover_xeon(xeon_root: Path) -> None:
+    h = RequestHandler(SimBackend(), xeon_root)
+    h.dispatch(m.Hello(protocol=1))
+    d = h.discover()
+    rows = [(pu.package, pu.punit, pu.cpus) for pkg in d.packages for pu in pkg.punits]
+
+    def span(a: int, b: int) -> list[int]:
+        return list(range(a, a + 32)) + list(range(b, b + 32))
+
+    assert rows == [
+        (0, 0, span(0, 128)),
+        (0, 1, span(32, 160)),
+        (1, 0, span(64, 192)),
+        (1, 1, span(96, 224)),
+    ]
+    pu = d.packages[0].punits[0]
+    assert (pu.max_hp_cpus, pu.guaranteed_hp_cpus, pu.base_mhz) == (32, 8, 2300)
+    assert pu.tf.buckets[0] == m.TFBucket(hp_cores=8, max_mhz=[4600])
+    assert not pu.bf.supported and pu.cp.supported
+    assert d.cstates == ["POLL", "C1", "C1E", "C6", "C6P"]
+    assert d.cpufreq is not None and d.cpufreq.max_khz == 4_600_000
+
+
+def test_managed_sequence_and_teardown(small_root: Path) -> None:
+    sim = SimBackend(SMALL_SIM)
+    h = RequestHandler(sim, small_root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    assert h.managed
+    h.dispatch(m.ConfigureClos(clos=0, min_khz=2_300_000, max_khz=4_600_000))
+    r = h.dispatch(m.ConfigureClos(clos=3, min_khz=800_000, max_khz=2_300_000))
+    assert r == m.ConfigureClosReply(config=m.ClosConfig(3, 800_000, 2_300_000, 0))
+    h.dispatch(m.EnableCP())
+    h.dispatch(m.AssociateCpus(clos=3, cpus=list(range(16))))
+    h.dispatch(m.AssociateCpus(clos=0, cpus=[2, 10]))
+    assert h.dispatch(m.GetAssociation(cpus=[2, 3, 10])) == m.GetAssociationReply(
+        clos={2: 0, 3: 3, 10: 0}
+    )
+    assert sim.expected_mhz(2) == 4600 and sim.expected_mhz(3) == 2300
+    tf = h.dispatch(m.TFStatus())
+    assert isinstance(tf, m.TFStatusReply) and all(p.enabled for p in tf.punits)
+    h.dispatch(m.Teardown())
+    assert not h.managed
+    for pu in sim.state["punits"].values():
+        assert not pu["cp_enable"] and pu["feature_state"] == 0
+        assert pu["assoc"][:2] == [0, 0]
+    ops = [e["op"] for e in sim.state["log"] if e.get("pkg") == 0 and e.get("punit") == 0]
+    tail = ops[-(4 + 1 + 1 + 1) :]
+    assert tail == ["clos-param"] * 4 + ["clos-assoc", "feature", "cp"]
+
+
+def test_every_request_gets_its_typed_reply(handler: RequestHandler) -> None:
+    for req in REQUESTS:
+        reply = m.decode_reply(handler.handle(m.encode(req), b"fuzz"))
+        assert isinstance(reply, (m.REPLY_FOR[type(req)], m.ErrorReply)), (req, reply)
+
+
+def _mutate(data: bytes, flips: list[tuple[int, int]]) -> bytes:
+    buf = bytearray(data)
+    for pos, val in flips:
+        if buf:
+            buf[pos % len(buf)] = val
+    return bytes(buf)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.binary(max_size=256))
+def test_fuzz_random_bytes(handler: RequestHandler, data: bytes) -> None:
+    reply = m.decode_reply(handler.handle(data, b"fuzz"))
+    assert isinstance(reply, m.ErrorReply | m.HelloReply) or type(reply) in m.REPLY_FOR.values()
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.sampled_from(REQUESTS),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
+)
+def test_fuzz_mutated_requests(
+    handler: RequestHandler, req: m.Request, flips: list[tuple[int, int]]
+) -> None:
+    reply = m.decode_reply(handler.handle(_mutate(m.encode(req), flips), b"fuzz"))
+    assert isinstance(reply, m.ErrorReply) or type(reply) in m.REPLY_FOR.values()
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.sampled_from(sorted(t.__struct_config__.tag for t in m.REPLY_FOR)),  # type: ignore[type-var]
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "clos",
+                "cpus",
+                "min_khz",
+                "max_khz",
+                "disabled",
+                "governor",
+                "epp",
+                "package",
+                "die",
+                "protocol",
+                "proportional_priority",
+                "x",
+            ]
+        ),
+        _values | st.lists(st.integers(-5, 300), max_size=20),
+        max_size=5,
+    ),
+)
+def test_fuzz_structured_messages(
+    handler: RequestHandler, tag: str, fields: dict[str, object]
+) -> None:
+    data = msgspec.msgpack.encode({"type": tag, **fields})
+    reply = m.decode_reply(handler.handle(data, b"fuzz"))
+    assert isinstance(reply, m.ErrorReply) or type(reply) in m.REPLY_FOR.values()
+    if isinstance(reply, m.ErrorReply):
+        assert reply.code != "internal", reply.message
