@@ -11,8 +11,10 @@ balloon ...`` log line), ``delete`` (kubectl delete pod).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -152,6 +154,15 @@ class Node:
         assert found, f"no assignment of {pretty} in the plugin output:\n{self.plugin.output()}"
         return found
 
+    async def reload(self, config: str) -> None:
+        """Replace the config file with ``<test>/<config>`` and SIGHUP the plugin,
+        as an operator would; returns once the plugin answered (applied or not)."""
+        done = sum("config update from" in line for line in self.plugin.tail)
+        self.config.write_text((self.data / config).read_text())
+        self.plugin.proc.send_signal(signal.SIGHUP)
+        await self.plugin.wait_output("config update from", timeout=10, count=done + 1)
+        await asyncio.sleep(0.1)  # the unsolicited UpdateContainers round trip
+
     async def assigned(self, name: str, count: int = 1) -> str:
         """Wait for the ``count``-th assignment log line of ``name``; the balloon."""
         await self.plugin.wait_output(
@@ -195,7 +206,8 @@ async def node(
     work = Path(tempfile.mkdtemp(prefix="balloons-e2e-"))
     spec = TOPOLOGIES[topology] if isinstance(topology, str) else topology
     host_root = write_topology(work / "host", spec)
-    cfg = DATA / test / config
+    cfg = work / "balloons.yaml"  # a copy, so that reload() can replace it
+    shutil.copyfile(DATA / test / config, cfg)
     try:
         async with SimulatedRuntime(work / "nri.sock") as rt:
             plugin = await PluginProcess.launch(

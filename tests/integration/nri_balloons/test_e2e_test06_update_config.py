@@ -129,3 +129,44 @@ def test_update_config_that_cannot_be_set_up_keeps_running_state(tmp_path: Path)
     with pytest.raises(PolicyError, match=r"^balloons: config update failed: balloons: failed"):
         n.plugin.reconfigure(bad, "bad.yaml")
     assert (n.balloon("pod0c0"), n.cpus("pod0c0")) == before
+
+
+# --- the same through the runtime simulator, reconfigured as an operator would ----
+
+
+async def test_update_config_through_the_simulator() -> None:
+    """The running plugin process gets each new configuration by SIGHUP (the
+    ``--config-file`` reload; the Kubernetes agent will deliver the CR the same
+    way) and the runtime's container table follows through UpdateContainers."""
+    from balloons_e2e import node
+
+    async with node("test06-update-config", "config1.yaml") as n:
+        for pod in ("pod0.yaml", "pod1.yaml", "pod2.yaml"):
+            await n.create(pod)
+        assert (n.balloon("pod0c0"), n.balloon("pod1c0"), n.balloon("pod2c0")) == (
+            "btype0[0]",
+            "btype1[0]",
+            "btype2[0]",
+        )
+        assert not n.cpus("pod0c0") & {1, 2, 3}  # availableResources 0,4-15
+
+        # btype1 removed: pod1 moves to btype2, and the runtime sees its new CPUs
+        await n.reload("config2.yaml")
+        assert n.balloon("pod1c0") == "btype2[0]"
+        assert n.cpus("pod1c0") == n.cpus("pod2c0")
+
+        # btype0 back: pod0 returns to it
+        await n.reload("config3.yaml")
+        assert n.balloon("pod0c0") == "btype0[0]"
+        assert not n.cpus("pod0c0") & n.cpus("pod2c0")
+
+        # a cpuClass-only change moves nobody
+        before = n.all_cpus()
+        await n.reload("config4.yaml")
+        assert n.all_cpus() == before
+
+        # an invalid configuration is rejected; the running one stays
+        await n.reload("config-invalid.yaml")
+        assert "keeping the running configuration" in n.plugin.output()
+        assert "MinCpus (3) > MaxCpus (2) in balloon type" in n.plugin.output()
+        assert n.all_cpus() == before
