@@ -84,6 +84,7 @@ IO_CLASSES = ("", "none", "rt", "be", "idle")
 TRACING_COLLECTORS = ("", "otlp-http", "otlp-grpc")
 METRICS_EXPORTERS = ("", "prometheus", "otlp-http", "otlp-grpc")
 LOG_EXPORTERS = ("", "otlp-http", "otlp-grpc")
+PCT_PRIORITIES = ("", "high", "low")
 
 _DURATION = re.compile(r"^[-+]?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$")
 
@@ -517,7 +518,7 @@ class _Validator:
         name = quote(cc.name)
         if cc.pct_priority and cc.sst_clos_id is not None:
             yield f"cpuClass {name}: pctPriority and sstClosID are mutually exclusive"
-        if cc.pct_priority not in ("", "high", "low"):
+        if cc.pct_priority not in PCT_PRIORITIES:
             yield (
                 f"cpuClass {name}: invalid pctPriority {quote(cc.pct_priority)}"
                 ' (allowed: "high", "low")'
