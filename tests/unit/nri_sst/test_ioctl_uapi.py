@@ -1,0 +1,284 @@
+"""The ioctl ABI of :mod:`nri_sst.backends.ioctl` against the kernel's UAPI header.
+
+``test_layouts_match_uapi_header`` fetches ``linux/isst_if.h`` from Debian
+sid's ``linux-libc-dev`` (the system's bookworm 6.1 header has no TPMI
+structs), with the private-APT-config approach of
+``tests/e2e/containerd_env.py`` (its functions are imported, only the
+sources line differs), caches the header under
+``~/.cache/nri-resource-policy/uapi`` (``$NRI_UAPI_CACHE``), writes a C program
+printing ``sizeof``/``offsetof``/field sizes of every struct we pack and every
+ioctl number, compiles it with gcc, runs it and compares every number with
+ours. It skips, loudly, only when the package cannot be fetched or gcc is
+missing.
+
+``test_constants_match_sst_md`` needs nothing: it pins our numbers to the
+verification output of sst.md §1.2/§1.6 (linux-libc-dev 7.2.13).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from nri_sst.backends import ioctl as io
+
+_E2E = Path(__file__).resolve().parents[2] / "e2e"
+if str(_E2E) not in sys.path:
+    sys.path.insert(0, str(_E2E))
+
+from containerd_env import TRIXIE_SOURCE, EnvError, _apt_config, _run  # noqa: E402
+
+UAPI_CACHE = Path(
+    os.environ.get("NRI_UAPI_CACHE") or Path.home() / ".cache" / "nri-resource-policy" / "uapi"
+)
+SID_SOURCE = TRIXIE_SOURCE.replace(" trixie ", " sid ")
+PACKAGE = "linux-libc-dev"
+HEADER = Path("usr/include/linux/isst_if.h")
+
+
+def _loud_skip(why: str) -> NoReturn:
+    msg = f"UAPI CHECK NOT RUN: {why}"
+    print(f"\n*** {msg} ***", file=sys.stderr)
+    pytest.skip(msg)
+
+
+def fetch_uapi_header(cache: Path = UAPI_CACHE) -> tuple[Path, str]:
+    """``(include dir, package version)``; raises ``EnvError`` when it cannot be fetched."""
+    cache = cache.expanduser().resolve()
+    include = cache / "include"
+    stamp = cache / "version"
+    if (include / "linux" / "isst_if.h").is_file() and stamp.is_file():
+        return include, stamp.read_text().strip()
+    if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
+        raise EnvError("apt-get/dpkg not found")
+    conf = _apt_config(cache)  # private lists/cache/sources: the system's stay untouched
+    (cache / "apt" / "sources.list").write_text(SID_SOURCE)  # sid, not trixie (6.12 lacks 17)
+    env = dict(os.environ, APT_CONFIG=str(conf), DEBIAN_FRONTEND="noninteractive")
+    if not any((cache / "apt" / "lists").glob("*Packages*")):
+        _run(["apt-get", "update", "-q"], env=env)
+    debdir = cache / "debs"
+    debdir.mkdir(parents=True, exist_ok=True)
+    for old in debdir.glob(f"{PACKAGE}_*.deb"):
+        old.unlink()
+    try:
+        _run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
+    except EnvError:
+        _run(["apt-get", "update", "-q"], env=env)
+        _run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
+    debs = sorted(debdir.glob(f"{PACKAGE}_*.deb"))
+    if not debs:
+        raise EnvError(f"apt-get download {PACKAGE} produced no .deb")
+    version = _run(["dpkg-deb", "-f", str(debs[-1]), "Version"]).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(["dpkg", "-x", str(debs[-1]), tmp])
+        (include / "linux").mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(tmp) / HEADER, include / "linux" / "isst_if.h")
+    stamp.write_text(version + "\n")
+    return include, version
+
+
+def _fsize(code: str, count: int) -> int:
+    return struct.calcsize(f"<{count}{code}")
+
+
+def expected() -> dict[str, int]:
+    """Our numbers, keyed like the C program's output lines."""
+    out: dict[str, int] = {}
+    for lay in io.LAYOUTS:
+        out[f"sizeof {lay.c_name}"] = lay.size
+        for f in lay.named():
+            out[f"offsetof {lay.c_name}.{f.name}"] = lay.offsets[f.name]
+            out[f"fieldsize {lay.c_name}.{f.name}"] = _fsize(f.code, f.count)
+    for mc in io.MULTIS:
+        out[f"sizeof {mc.c_name}"] = mc.size(1)
+        for f in mc.header.named():
+            out[f"offsetof {mc.c_name}.{f.name}"] = mc.header.offsets[f.name]
+            out[f"fieldsize {mc.c_name}.{f.name}"] = _fsize(f.code, f.count)
+        out[f"offsetof {mc.c_name}.{mc.array}"] = mc.header.size
+        for f in mc.element.named():
+            name = f"{mc.array}[0].{f.name}"
+            out[f"offsetof {mc.c_name}.{name}"] = mc.header.size + mc.element.offsets[f.name]
+            out[f"fieldsize {mc.c_name}.{name}"] = _fsize(f.code, f.count)
+    for name, value in io.IOCTLS.items():
+        out[f"ioctl {name}"] = value
+    return out
+
+
+def c_program() -> str:
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        "#include <sys/ioctl.h>",
+        "#include <linux/isst_if.h>",
+        '#define SZ(s) printf("sizeof %s %zu\\n", #s, sizeof(struct s))',
+        '#define OFF(s, f) printf("offsetof %s.%s %zu\\n", #s, #f, offsetof(struct s, f))',
+        '#define FSZ(s, f) printf("fieldsize %s.%s %zu\\n", #s, #f, sizeof(((struct s *)0)->f))',
+        '#define IOC(n) printf("ioctl %s %lu\\n", #n, (unsigned long)(n))',
+        "int main(void) {",
+    ]
+    for lay in io.LAYOUTS:
+        lines.append(f"  SZ({lay.c_name});")
+        for f in lay.named():
+            lines += [f"  OFF({lay.c_name}, {f.name});", f"  FSZ({lay.c_name}, {f.name});"]
+    for mc in io.MULTIS:
+        lines += [f"  SZ({mc.c_name});", f"  OFF({mc.c_name}, {mc.array});"]
+        for f in mc.header.named():
+            lines += [f"  OFF({mc.c_name}, {f.name});", f"  FSZ({mc.c_name}, {f.name});"]
+        for f in mc.element.named():
+            name = f"{mc.array}[0].{f.name}"
+            lines += [f"  OFF({mc.c_name}, {name});", f"  FSZ({mc.c_name}, {name});"]
+    lines += [f"  IOC({name});" for name in io.IOCTLS]
+    lines += ["  return 0;", "}", ""]
+    return "\n".join(lines)
+
+
+def test_layouts_match_uapi_header(tmp_path: Path) -> None:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        _loud_skip("gcc is missing (apt-get install gcc)")
+    try:
+        include, version = fetch_uapi_header()
+    except (EnvError, OSError, subprocess.TimeoutExpired) as exc:
+        _loud_skip(f"cannot fetch {PACKAGE} from Debian sid: {exc}")
+    text = (include / "linux" / "isst_if.h").read_text()
+    assert "struct isst_tpmi_instance_count" in text, f"{PACKAGE} {version} has no TPMI structs"
+    assert "ISST_IF_GET_PERF_LEVEL_FABRIC_INFO" in text, (
+        f"{PACKAGE} {version} has no ioctl 17 (GET_PERF_LEVEL_FABRIC_INFO)"
+    )
+    src = tmp_path / "uapi.c"
+    src.write_text(c_program())
+    exe = tmp_path / "uapi"
+    cc = subprocess.run(
+        [gcc, "-std=gnu11", "-Wall", "-Werror", f"-I{include}", str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert cc.returncode == 0, f"gcc failed against {PACKAGE} {version}:\n{cc.stderr}"
+    run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
+    got: dict[str, int] = {}
+    for line in run.stdout.splitlines():
+        key, _, value = line.rpartition(" ")
+        got[key] = int(value)
+    want = expected()
+    assert set(got) == set(want)
+    diffs = {k: (want[k], got[k]) for k in want if want[k] != got[k]}
+    assert not diffs, f"ours vs {PACKAGE} {version} (ours, header): {diffs}"
+    print(f"UAPI check: {len(want)} numbers equal to {PACKAGE} {version}", file=sys.stderr)
+
+
+# sst.md §1.2 (ioctl values) and §1.3/§1.4/§1.6 (sizes and offsets), linux-libc-dev 7.2.13.
+SST_MD_IOCTLS = {
+    "ISST_IF_GET_PLATFORM_INFO": 0x8008FE00,
+    "ISST_IF_GET_PHY_ID": 0xC008FE01,
+    "ISST_IF_IO_CMD": 0x4008FE02,
+    "ISST_IF_MBOX_COMMAND": 0xC008FE03,
+    "ISST_IF_MSR_COMMAND": 0xC008FE04,
+    "ISST_IF_COUNT_TPMI_INSTANCES": 0x8008FE05,
+    "ISST_IF_CORE_POWER_STATE": 0xC008FE06,
+    "ISST_IF_CLOS_PARAM": 0xC008FE07,
+    "ISST_IF_CLOS_ASSOC": 0xC008FE08,
+    "ISST_IF_PERF_LEVELS": 0xC008FE09,
+    "ISST_IF_PERF_SET_LEVEL": 0x4008FE0A,
+    "ISST_IF_PERF_SET_FEATURE": 0x4008FE0B,
+    "ISST_IF_GET_PERF_LEVEL_INFO": 0x8008FE0C,
+    "ISST_IF_GET_PERF_LEVEL_CPU_MASK": 0x8008FE0D,
+    "ISST_IF_GET_BASE_FREQ_INFO": 0x8008FE0E,
+    "ISST_IF_GET_BASE_FREQ_CPU_MASK": 0x8008FE0F,
+    "ISST_IF_GET_TURBO_FREQ_INFO": 0x8008FE10,
+    "ISST_IF_GET_PERF_LEVEL_FABRIC_INFO": 0x8008FE11,
+}
+SST_MD_SIZES = {
+    "isst_if_platform_info": 8,
+    "isst_if_cpu_map": 8,
+    "isst_if_io_reg": 16,
+    "isst_if_mbox_cmd": 24,
+    "isst_if_msr_cmd": 24,
+    "isst_if_cpu_maps": 12,
+    "isst_if_io_regs": 20,
+    "isst_if_mbox_cmds": 28,
+    "isst_if_msr_cmds": 32,
+    "isst_core_power": 6,
+    "isst_clos_param": 10,
+    "isst_if_clos_assoc": 6,
+    "isst_if_clos_assoc_cmds": 12,
+    "isst_tpmi_instance_count": 4,
+    "isst_perf_level_info": 11,
+    "isst_perf_level_control": 3,
+    "isst_perf_feature_control": 3,
+    "isst_perf_level_data_info": 154,
+    "isst_perf_level_cpu_mask": 24,
+    "isst_base_freq_info": 12,
+    "isst_turbo_freq_info": 134,
+    "isst_perf_level_fabric_info": 54,
+}
+SST_MD_OFFSETS = {
+    "isst_if_msr_cmds.msr_cmd": 8,
+    "isst_clos_param.prop_prio": 8,
+    "isst_if_clos_assoc_cmds.assoc_info": 6,
+    "isst_perf_level_data_info.bucket_core_counts": 42,
+    "isst_perf_level_data_info.trl_freq_mhz": 58,
+    "isst_perf_level_cpu_mask.mask": 8,
+    "isst_perf_level_cpu_mask.cpu_buffer_size": 16,
+    "isst_perf_level_cpu_mask.cpu_buffer": 18,
+    "isst_turbo_freq_info.lp_clip_freq_mhz": 10,
+    "isst_turbo_freq_info.bucket_core_counts": 22,
+    "isst_turbo_freq_info.trl_freq_mhz": 38,
+    "isst_perf_level_fabric_info.max_fabrics": 4,
+    "isst_perf_level_fabric_info.p0_fabric_freq_mhz": 6,
+    "isst_perf_level_fabric_info.p1_fabric_freq_mhz": 22,
+    "isst_perf_level_fabric_info.pm_fabric_freq_mhz": 38,
+    "isst_if_mbox_cmd.command": 16,
+    "isst_if_mbox_cmd.sub_command": 18,
+    "isst_if_msr_cmd.msr": 8,
+    "isst_if_clos_assoc.logical_cpu": 2,
+    "isst_if_clos_assoc.clos": 4,
+    "isst_base_freq_info.thermal_design_power_w": 10,
+}
+SST_MD_FORMATS = {  # §1.5, sizes only (our formats spell the same layout field by field)
+    "<HHHBB": 8,
+    "<I" + "II": 12,
+    "<I" + "IIII": 20,
+    "<I" + "IIIIHHI": 28,
+    "<I4x" + "IIQQ": 32,
+    "<6B": 6,
+    "<4BHHBx": 10,
+    "<HHH" + "BBHH": 12,
+    "<BBH": 4,
+    "<11B": 11,
+    "<3B": 3,
+    "<BBH19H8H48H": 154,
+    "<4B4xQHb5x": 24,
+    "<BBH4H": 12,
+    "<BBH3H6H8H48H": 134,
+    "<BBHH8H8H8H": 54,
+}
+
+
+def test_constants_match_sst_md() -> None:
+    assert io.IOCTLS == SST_MD_IOCTLS
+    ours = expected()
+    for name, size in SST_MD_SIZES.items():
+        assert ours[f"sizeof {name}"] == size, name
+    for name, off in SST_MD_OFFSETS.items():
+        assert ours[f"offsetof {name}"] == off, name
+    for fmt, size in SST_MD_FORMATS.items():
+        assert struct.calcsize(fmt) == size, fmt
+    # The same bytes as the doc's formats (a full-size buffer of distinct values).
+    for lay, doc in (
+        (io.PERF_LEVEL_DATA_INFO, "<BBH19H8H48H"),
+        (io.TURBO_FREQ_INFO, "<BBH3H6H8H48H"),
+        (io.PERF_LEVEL_CPU_MASK, "<4B4xQHb5x"),
+        (io.CLOS_PARAM, "<4BHHBx"),
+        (io.PERF_LEVEL_FABRIC_INFO, "<BBHH8H8H8H"),
+    ):
+        n = len(struct.unpack(doc, bytes(struct.calcsize(doc))))
+        values = tuple(i % 100 for i in range(n))
+        assert lay.struct.pack(*values) == struct.pack(doc, *values), lay.c_name
