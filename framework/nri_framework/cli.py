@@ -41,17 +41,21 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="namespace of the policy's custom resources (Kubernetes config source: not yet)",
     )
     p.add_argument("--config-group-label", default="config.nri/group")
-    p.add_argument("--sst-helper", default="", help="the SST helper's socket (ipc://PATH)")
+    p.add_argument(
+        "--sst-helper",
+        default="",
+        help="the SST helper's socket (ipc://PATH): cpuClasses are applied through it; "
+        "without it they are only logged",
+    )
     p.add_argument("--log-level", default="info")
 
 
 def run(args: argparse.Namespace) -> int:
-    for flag, value, what in (
-        ("--config-namespace", args.config_namespace, "the Kubernetes config source"),
-        ("--sst-helper", args.sst_helper, "the SST helper client"),
-    ):
-        if value:
-            log.warning("%s %s: %s is not implemented yet; ignored", flag, value, what)
+    if args.config_namespace:
+        log.warning(
+            "--config-namespace %s: the Kubernetes config source is not implemented yet; ignored",
+            args.config_namespace,
+        )
     try:
         policy = load_policy(args.policy)
     except PolicyNotFound as exc:
@@ -71,7 +75,11 @@ def run(args: argparse.Namespace) -> int:
     host = PolicyHost(
         args.policy,
         policy,
-        options={"cpus": args.cpus, "config_file": args.config_file},
+        options={
+            "cpus": args.cpus,
+            "config_file": args.config_file,
+            "sst_helper": args.sst_helper,
+        },
         state_dir=args.state_dir,
         host_root=args.host_root,
     )

@@ -8,6 +8,7 @@ Kubernetes custom-resource source is the agent's (not yet implemented).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,17 @@ from nri_framework.zones import Zone
 
 from nri_balloons import scheduling
 from nri_balloons.config import ConfigError, load_policy
+from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.features import unimplemented
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate
 
 __version__ = "0.1.0"
+
+RETRY_MIN = 0.5
+RETRY_MAX = 10.0
+"""Seconds between background commits while the SST helper is away (doubling)."""
+ALL_LOGGERS = ("policy", "cpuclass", "nri_framework")
 
 log = logging.getLogger("policy")
 
@@ -52,6 +59,34 @@ class Balloons:
         self.pins: dict[str, tuple[str, str]] = {}
         self.runtime_nri: tuple[int, ...] = ()
         self.scheduling_warned = False
+        self.retry: asyncio.TimerHandle | None = None
+        self.retry_delay = RETRY_MIN
+        self.debugging: set[str] = set()
+        self.no_helper_warned = False
+
+    # -- cpuClasses ----------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Apply the CPU class decisions of the hook that just ran (one commit
+        per hook). While the SST helper is away, retry in the background with
+        a growing delay, and leave it to that retry (hooks do not wait for the
+        helper's timeout again); the next successful commit re-applies
+        everything."""
+        if self.policy is None or self.retry is not None:
+            return
+        if self.policy.cpu_classes.commit():
+            self.retry_delay = RETRY_MIN
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.retry = loop.call_later(self.retry_delay, self._retry)
+        self.retry_delay = min(self.retry_delay * 2, RETRY_MAX)
+
+    def _retry(self) -> None:
+        self.retry = None
+        self.commit()
 
     # -- configuration -----------------------------------------------------------
 
@@ -71,12 +106,44 @@ class Balloons:
             raise PolicyError("; ".join(result.errors))
         return result.prepared
 
+    def debug_loggers(self, names: list[str]) -> None:
+        """``log.debug`` of the configuration: these loggers (``policy``,
+        ``cpuclass``, ``nri_framework``; ``*``/``all`` for those three) log at
+        debug level; the ones a previous configuration named go back to the
+        level of ``--log-level``."""
+        wanted: set[str] = set()
+        for name in names:
+            wanted |= set(ALL_LOGGERS) if name in ("*", "all") else {name}
+        for name in self.debugging - wanted:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+        for name in wanted - self.debugging:
+            logging.getLogger(name).setLevel(logging.DEBUG)
+        self.debugging = wanted
+
+    def warn_no_helper(self, prepared: PreparedConfig) -> None:
+        """cpuClasses without ``--sst-helper``: say once that nothing is written."""
+        assert self.policy is not None
+        if (
+            prepared.spec.cpu_classes
+            and isinstance(self.policy.cpu_classes.writer, NullWriter)
+            and not self.no_helper_warned
+        ):
+            self.no_helper_warned = True
+            log.warning(
+                "cpuClasses are configured but there is no SST helper (--sst-helper): "
+                "their frequencies, C-states and uncore limits are not applied"
+            )
+
     def apply(self, prepared: PreparedConfig) -> None:
         assert self.policy is not None
+        self.debug_loggers(prepared.spec.log.debug)
+        self.warn_no_helper(prepared)
         try:
             self.policy.set_config(prepared)
         except BalloonsError as exc:
             raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
+        finally:
+            self.commit()
 
     def reconfigure(self, text: str, source: str) -> list[Update]:
         """A new configuration for the running plugin (what the agent delivers
@@ -87,6 +154,8 @@ class Balloons:
         configuration stays then."""
         assert self.policy is not None and self.host is not None
         prepared = self.prepare(text, source)
+        self.debug_loggers(prepared.spec.log.debug)
+        self.warn_no_helper(prepared)
         pods = self.host.pods
         running = [
             (pods.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id), c)
@@ -97,6 +166,8 @@ class Balloons:
             self.policy.reconfigure(prepared, running)
         except BalloonsError as exc:
             raise PolicyError(str(exc)) from None
+        finally:
+            self.commit()
         return self._updates()
 
     @hookimpl
@@ -110,7 +181,16 @@ class Balloons:
     def policy_start(self, host: PolicyHost) -> None:
         log.info("setting up balloons policy...")
         self.host = host
-        self.policy = BalloonsPolicy(Topology.from_sysfs(host.host_root), host.host_root)
+        endpoint = host.options.get("sst_helper")
+        writer: Writer
+        if endpoint:
+            log.info("cpuClasses are applied through the SST helper at %s", endpoint)
+            writer = HelperWriter(str(endpoint))
+        else:
+            writer = NullWriter()
+        self.policy = BalloonsPolicy(
+            Topology.from_sysfs(host.host_root), host.host_root, writer=writer
+        )
         path = host.options.get("config_file")
         if path:
             self.apply(self.prepare(Path(path).read_text(), str(path)))
@@ -159,6 +239,7 @@ class Balloons:
                 self.policy.allocate(pod, c)
             except BalloonsError as exc:
                 log.warning("allocating resources for Sync produced an error: %s", exc)
+        self.commit()
         self.pins = {}
         return self._updates()
 
@@ -169,6 +250,8 @@ class Balloons:
             bln = self.policy.allocate(pod, container)
         except BalloonsError as exc:
             raise PolicyError(str(exc)) from None
+        finally:
+            self.commit()
         if bln is None:
             return None
         updates = self._updates(skip=container.id)
@@ -206,6 +289,7 @@ class Balloons:
     def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
         assert self.policy is not None
         self.policy.release(container.id)
+        self.commit()
         self.pins.pop(container.id, None)
         return self._updates()
 
@@ -214,7 +298,16 @@ class Balloons:
         assert self.policy is not None
         if container.id in self.policy.owner:
             self.policy.release(container.id)
+            self.commit()
             self.pins.pop(container.id, None)
+
+    @hookimpl
+    def policy_shutdown(self) -> None:
+        if self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
+        if self.policy is not None:
+            self.policy.cpu_classes.close()
 
     @hookimpl
     def policy_export_state(self) -> Any:

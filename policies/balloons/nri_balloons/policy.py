@@ -25,7 +25,8 @@ from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantit
 
 from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
-from nri_balloons.config import BalloonsPolicySpec, BalloonType
+from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
+from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
 from nri_balloons.cpus import CpuAllocator, CpuPriority, LoadedDevice, LoadLevel
 from nri_balloons.cputree import CpuTreeAllocator, ResizeError
 from nri_balloons.devices import DeviceResolver, close_devices, far_devices
@@ -91,9 +92,12 @@ class TypeOptions:
 class BalloonsPolicy:
     """The state of the balloons on one node."""
 
-    def __init__(self, topology: Topology, host_root: str = "/") -> None:
+    def __init__(
+        self, topology: Topology, host_root: str = "/", writer: Writer | None = None
+    ) -> None:
         self.topology = topology
         self.host_root = host_root
+        self.cpu_classes = CpuClassHandler(topology, writer)
         self.config: PreparedConfig | None = None
         self.balloons: list[Balloon] = []
         self.free = 0
@@ -118,6 +122,7 @@ class BalloonsPolicy:
             prepared.allowed if prepared.allowed is not None else topo.online
         ) & topo.online
         self.reserved = (prepared.reserved or 0) & self.allowed
+        self._configure_classes(spec, strict=True)
         self.types = {t.name: t for t in prepared.balloon_types}
         self.options = {
             t.name: TypeOptions(
@@ -154,6 +159,7 @@ class BalloonsPolicy:
         log.info("balloons policy balloons:")
         for i, bln in enumerate(self.balloons):
             log.info("- balloon %d: %s", i, bln)
+        self.apply_cpu_classes()
 
     def reconfigure(
         self, prepared: PreparedConfig, running: Sequence[tuple[Pod, Container]]
@@ -187,6 +193,9 @@ class BalloonsPolicy:
             self.set_config(prepared)
         except BalloonsError as exc:
             self.__dict__.update(saved)
+            if old is not None:  # the handler is shared: back to the running classes
+                self._configure_classes(old.spec, strict=False)
+                self.apply_cpu_classes()
             raise BalloonsError(f"config update failed: {exc}") from None
         log.info("config updated successfully")
         for pod, container in running:
@@ -204,6 +213,64 @@ class BalloonsPolicy:
         for top in self.balloons:
             for bln in top.walk():
                 bln.bdef = self.types[bln.bdef.name]
+        self._configure_classes(prepared.spec, strict=False)
+        self.apply_cpu_classes()
+
+    # -- cpuClasses (§12.1 balloons mapping) -------------------------------------------
+
+    def _configure_classes(self, spec: BalloonsPolicySpec, strict: bool) -> None:
+        idle = spec.idle_cpu_class
+        if not idle and any(cc.name == DEFAULT for cc in spec.cpu_classes):
+            idle = DEFAULT
+        try:
+            self.cpu_classes.configure(spec.cpu_classes, spec.turbo_domain, self.allowed, idle)
+        except CpuClassError as exc:
+            if strict:
+                raise BalloonsError(f"failed to configure CPU class handler: {exc}") from None
+            log.warning("failed to reconfigure CPU class handler: %s", exc)
+
+    def balloon_class(self, bdef: BalloonType) -> str:
+        """The type's ``cpuClass``, else ``default`` if defined, else none."""
+        if bdef.cpu_class:
+            return bdef.cpu_class
+        return DEFAULT if self.cpu_classes.known(DEFAULT) else ""
+
+    def _use_class(self, bln: Balloon) -> None:
+        for b in bln.walk():
+            if b.components or not b.cpus:
+                continue
+            name = self.balloon_class(b.bdef)
+            log.debug(
+                "apply CPU class %s on CPUs %s of %s",
+                quote(name),
+                quote(cpuset.format(b.cpus)),
+                quote(b.name),
+            )
+            self.cpu_classes.use(b.cpus, name)
+
+    def _forget_class(self, cpus: int) -> None:
+        if not cpus:
+            return
+        log.debug(
+            "forget class of cpus %s (idle class %s)",
+            quote(cpuset.format(cpus)),
+            quote(self.cpu_classes.idle_class),
+        )
+        self.cpu_classes.forget(cpus)
+
+    def apply_cpu_classes(self) -> None:
+        """The idle class on every allowed CPU, then each balloon's class
+        (upstream ``resetCpuClass`` + ``useCpuClass`` of every balloon):
+        ``idleCPUClass``, else ``default`` if defined, else none."""
+        log.debug(
+            "reset class of available cpus: %s to idle class %s (reserved: %s)",
+            quote(cpuset.format(self.allowed)),
+            quote(self.cpu_classes.idle_class),
+            quote(cpuset.format(self.reserved)),
+        )
+        self.cpu_classes.reset()
+        for bln in self.balloons:
+            self._use_class(bln)
 
     def _build_trees(self, prepared: PreparedConfig) -> None:
         resolver = DeviceResolver(self.topology, self.host_root, self.reserved)
@@ -504,6 +571,14 @@ class BalloonsPolicy:
             return
         log.debug("resize %s to fit %d mCPU", bln.name, milli)
         log.debug("- change size from %d to %d full cpus", current, count)
+        self._forget_class(bln.cpus)
+        try:
+            self._resize_cpus(bln, delta, exclude)
+        finally:
+            self._use_class(bln)
+
+    def _resize_cpus(self, bln: Balloon, delta: int, exclude: int) -> None:
+        bdef = bln.bdef
         tree = self.trees[bdef.name]
         self._load_devices_for(bdef)
         if delta > 0:
@@ -538,9 +613,12 @@ class BalloonsPolicy:
             for comp in bln.components:
                 self._resize(comp, per_component, exclude)
         except BalloonsError as exc:
+            taken = functools.reduce(operator.or_, (b.cpus for b, _ in saved), 0)
             self.free = saved_free
             for b, cpus in saved:
                 b.cpus = cpus
+            self._forget_class(taken & saved_free)
+            self._use_class(bln)
             raise BalloonsError(f"resize composite balloon {bln.name}: {exc}") from None
         cpus = 0
         for comp in bln.components:
@@ -550,6 +628,7 @@ class BalloonsPolicy:
     def _delete(self, bln: Balloon, append: bool = True) -> None:
         log.debug("deleting balloon %s", bln.name)
         for b in bln.walk():
+            self._forget_class(b.cpus)
             self.free |= b.cpus
             b.cpus = 0
         if bln in self.balloons:
@@ -770,6 +849,7 @@ class BalloonsPolicy:
             if not bln.members and len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
                 self._delete(bln)
         self._share_idle()
+        self.apply_cpu_classes()
         return set(self.owner)
 
     # -- NodeResourceTopology (§14) --------------------------------------------------

@@ -14,6 +14,9 @@ balloonTypes:
   irqClaim: ["ttyS0"]
   memoryTypes: [HBM]
   preferCloseToDevices: ["podresourceapi:*.com/nic", "/sys/devices/system/node/node0"]
+cpuClasses:
+- {name: hp, pctPriority: high}
+- {name: plain, maxFreq: base}
 """
     ).spec
     warnings = unimplemented(spec)
@@ -21,6 +24,8 @@ balloonTypes:
     assert any("memoryTypes are not implemented" in w for w in warnings)
     assert any("['podresourceapi:*.com/nic']" in w for w in warnings)
     assert any("agent.podResourceAPI" in w for w in warnings)
+    assert any("cpuClass 'hp': Priority Core Turbo" in w for w in warnings)
+    assert not any("'plain'" in w for w in warnings)
 
 
 def test_plain_config_has_no_warnings() -> None:

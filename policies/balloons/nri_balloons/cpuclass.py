@@ -1,0 +1,527 @@
+"""The cpuClass handler: the one place CPU frequency, C-state and uncore
+settings of the balloons policy are decided (upstream ``pkg/resmgr/cpuclass``,
+reference §12; PCT is not here).
+
+Decisions only mark CPUs dirty: :meth:`CpuClassHandler.use` assigns a class
+to CPUs, :meth:`~CpuClassHandler.forget` returns them to the idle class,
+:meth:`~CpuClassHandler.reset` puts every allowed CPU in the idle class. One
+:meth:`~CpuClassHandler.commit` per decision turns the dirty CPUs into the
+fewest helper requests: CPUs that need the same cpufreq change share one
+``SetCpufreq``, CPUs that need the same C-states share one ``SetCstates``,
+uncore limits go per die (the highest limit of the classes on the die wins).
+Only what differs from the last successful write is sent.
+
+The plugin never writes sysfs: a :class:`Writer` delivers the requests.
+:class:`HelperWriter` sends them to the SST helper; :class:`NullWriter` (no
+``--sst-helper``) only logs them at debug level.
+
+Classes are tracked per turbo domain under synthetic names ``<class>@d<N>``
+(N = package id with ``turboDomain: package``, 0 with ``system``). Within a
+domain, the active classes with the highest ``turboPriority`` keep ``turbo``;
+the others get the base frequency wherever their ``minFreq``/``maxFreq`` say
+``turbo`` (§12.4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from nri_framework import cpuset
+from nri_framework.topology import Topology
+from nri_sst import messages as m
+from nri_sst.client import HelperRequestError, HelperUnavailable, SyncHelperClient
+
+from nri_balloons.config import CPUClass
+from nri_balloons.frequency import Frequency
+from nri_balloons.gofmt import list_v, quote
+
+log = logging.getLogger("cpuclass")
+
+TURBO_DOMAINS = ("package", "system")
+UNCORE_DIR = "sys/devices/system/cpu/intel_uncore_frequency"
+
+WriteRequest = m.SetCpufreq | m.SetCstates | m.SetUncore
+
+
+class CpuClassError(Exception):
+    """A configuration the handler cannot apply."""
+
+
+# --------------------------------------------------------------------------- writers
+
+
+class WriterUnavailable(Exception):
+    """The writer cannot deliver anything now (the helper is gone)."""
+
+
+class WriteRefused(Exception):
+    """The helper refused one request (its message says why)."""
+
+
+class Writer(Protocol):
+    """Delivers one hardware request; raises :class:`WriterUnavailable` or
+    :class:`WriteRefused`."""
+
+    def send(self, request: WriteRequest) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullWriter:
+    """No helper: log what would be written, at debug level."""
+
+    def send(self, request: WriteRequest) -> None:
+        log.debug("cpuclass: no SST helper, not writing %s", request)
+
+    def close(self) -> None:
+        pass
+
+
+class HelperWriter:
+    """Requests to the SST helper over its ZeroMQ socket (blocking, with the
+    client's short timeout, so a dead helper costs one timeout per commit)."""
+
+    def __init__(self, endpoint: str, timeout: float = 0.1) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._client: SyncHelperClient | None = None
+
+    def send(self, request: WriteRequest) -> None:
+        if self._client is None:
+            self._client = SyncHelperClient(
+                self.endpoint, timeout=self.timeout, client="nri-resource-policy"
+            )
+        try:
+            self._client.request(request)
+        except HelperUnavailable as exc:
+            raise WriterUnavailable(str(exc)) from None
+        except HelperRequestError as exc:
+            raise WriteRefused(str(exc)) from None
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+# --------------------------------------------------------------------------- classes
+
+
+@dataclass(frozen=True)
+class ClassDef:
+    """A class with its frequencies resolved to kHz (0 = don't write)."""
+
+    min_freq: int = 0
+    max_freq: int = 0
+    epp: int = 0
+    uncore_min_freq: int = 0
+    uncore_max_freq: int = 0
+    governor: str = ""
+    disabled_cstates: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TurboInfo:
+    """min/base/max turbo kHz of the first online CPU with a frequency range."""
+
+    min_khz: int
+    base_khz: int
+    max_khz: int
+
+
+def resolve(cc: CPUClass, info: TurboInfo | None, turbo_khz: int = 0) -> ClassDef:
+    """Upstream ``classDefFromCPUClass``: symbolic values against ``info`` (the
+    ``turbo`` sentinel as ``turbo_khz`` when given); without platform info
+    symbolic values become 0 (no write)."""
+
+    def khz(f: Frequency) -> int:
+        if info is None:
+            return 0 if f.is_symbolic else int(f)
+        return f.resolve(info.min_khz, info.base_khz, turbo_khz or info.max_khz)
+
+    return ClassDef(
+        min_freq=khz(cc.min_freq),
+        max_freq=khz(cc.max_freq),
+        epp=cc.energy_performance_preference,
+        uncore_min_freq=khz(cc.uncore_min_freq),
+        uncore_max_freq=khz(cc.uncore_max_freq),
+        governor=cc.freq_governor,
+        disabled_cstates=tuple(cc.disabled_cstates),
+    )
+
+
+def turbo_info(topology: Topology) -> TurboInfo | None:
+    for c in topology.cpus.values():
+        f = c.freq
+        if f.max and f.min:
+            return TurboInfo(f.min, f.base or f.max, f.max)
+    return None
+
+
+@dataclass
+class _Written:
+    """What the last successful commit wrote to one CPU (None = nothing yet)."""
+
+    min_freq: int | None = None
+    max_freq: int | None = None
+    governor: str | None = None
+    epp: str | None = None
+    cstates: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class _FreqDelta:
+    min_khz: int | None
+    max_khz: int | None
+    governor: str | None
+    epp: str | None
+
+
+@dataclass
+class _Plan:
+    requests: list[WriteRequest] = field(default_factory=list)
+    """In order; ``done[i]`` records request ``i`` as written."""
+    done: list[list[tuple[int, _Written]]] = field(default_factory=list)
+    uncore_done: list[tuple[tuple[int, int], tuple[int, int]] | None] = field(default_factory=list)
+
+
+class CpuClassHandler:
+    """Per-CPU class assignment, turbo arbitration and batched commits."""
+
+    def __init__(self, topology: Topology, writer: Writer | None = None) -> None:
+        self.topology = topology
+        self.writer: Writer = writer if writer is not None else NullWriter()
+        self.turbo = turbo_info(topology)
+        self.classes: dict[str, CPUClass] = {}
+        self.idle_class = ""
+        self.turbo_domain = "package"
+        self.allowed = topology.online
+        self.domain_of: dict[int, int] = {}
+        self.defs: dict[str, ClassDef] = {}
+        """synthetic name -> resolved definition"""
+        self.cpu_class: dict[int, str] = {}
+        """cpu -> synthetic class name ("" = no class: never written)"""
+        self.active: dict[int, dict[str, int]] = {}
+        """domain -> class -> CPU mask"""
+        self.winner: dict[int, int] = {}
+        self.dirty = 0
+        self.cstates_managed = False
+        """True once a class disables C-states: from then on every class writes
+        its C-states (an empty list enables them all)."""
+        self.written: dict[int, _Written] = {}
+        self.uncore_written: dict[tuple[int, int], tuple[int, int]] = {}
+        self.degraded = False
+        self.uncore_available = (Path(topology.host_root) / UNCORE_DIR).is_dir()
+        self.requests_sent = 0
+
+    # -- configuration -----------------------------------------------------------
+
+    def configure(
+        self,
+        classes: Sequence[CPUClass],
+        turbo_domain: str = "package",
+        allowed: int | None = None,
+        idle_class: str = "",
+    ) -> None:
+        """Install a class set (upstream ``Configure``) and the idle class of
+        :meth:`forget` and :meth:`reset`. Every CPU leaves its class: the
+        caller follows with :meth:`reset` and :meth:`use`. What was written
+        stays known, so unchanged settings are not written again."""
+        if turbo_domain not in ("", *TURBO_DOMAINS):
+            raise CpuClassError(
+                f"cpuclass: cpufreq configure: cpufreq: unsupported turboDomain "
+                f"{quote(turbo_domain)} (expected {quote('package')} or {quote('system')})"
+            )
+        self.classes = {cc.name: cc for cc in classes}
+        self.idle_class = idle_class
+        self.turbo_domain = turbo_domain or "package"
+        self.allowed = (self.topology.online if allowed is None else allowed) & self.topology.online
+        system = self.turbo_domain == "system"
+        self.domain_of = {
+            cpu: 0 if system else info.package
+            for cpu, info in self.topology.cpus.items()
+            if self.allowed >> cpu & 1
+        }
+        domains = sorted(set(self.domain_of.values()))
+        self.defs = {}
+        self.dirty |= cpuset.from_ids(c for c, name in self.cpu_class.items() if name)
+        self.cpu_class = {}
+        self.active = {}
+        self.winner = {d: -1 for d in domains}
+        if self.turbo is None and any(
+            f.is_symbolic
+            for cc in classes
+            for f in (cc.min_freq, cc.max_freq, cc.uncore_min_freq, cc.uncore_max_freq)
+        ):
+            log.warning("cpufreq: cannot discover platform turbo info: no cpufreq frequency range")
+        for cc in classes:
+            d = resolve(cc, self.turbo)
+            for dom in domains:
+                self.defs[f"{cc.name}@d{dom}"] = d
+            log.info(
+                "cpuClass %s configured: minFreq=%s(%d) maxFreq=%s(%d) disabledCstates=%s",
+                quote(cc.name),
+                cc.min_freq,
+                d.min_freq,
+                cc.max_freq,
+                d.max_freq,
+                list_v(cc.disabled_cstates),
+            )
+            if cc.disabled_cstates:
+                self.cstates_managed = True
+        if not self.uncore_available:
+            for name, d in self.defs.items():
+                if d.uncore_min_freq or d.uncore_max_freq:
+                    raise CpuClassError(
+                        f"uncore limits set in cpu class {quote(name)} but uncore driver not "
+                        "available; load the intel_uncore_frequency driver"
+                    )
+
+    def known(self, name: str) -> bool:
+        return name in self.classes
+
+    # -- decisions ---------------------------------------------------------------
+
+    def forget(self, cpus: int) -> None:
+        """``cpus`` back to the idle class."""
+        self.use(cpus, self.idle_class)
+
+    def reset(self) -> None:
+        """The idle class on every allowed CPU."""
+        self.use(self.allowed, self.idle_class)
+
+    def use(self, cpus: int, name: str) -> None:
+        """Assign class ``name`` ("" = none) to ``cpus`` (allowed ones only)."""
+        cpus &= self.allowed
+        if not cpus:
+            return
+        if name and name not in self.classes:
+            log.error("unknown CPU class %s", quote(name))
+        for per_class in self.active.values():
+            for cls in list(per_class):
+                per_class[cls] &= ~cpus
+                if not per_class[cls]:
+                    del per_class[cls]
+        by_domain: dict[int, int] = {}
+        for cpu in cpuset.ids(cpus):
+            d = self.domain_of.get(cpu, 0)
+            by_domain[d] = by_domain.get(d, 0) | 1 << cpu
+        if name:
+            for d, mask in by_domain.items():
+                per_class = self.active.setdefault(d, {})
+                per_class[name] = per_class.get(name, 0) | mask
+        for d in sorted(by_domain):
+            self._recalculate_turbo(d)
+        for d, mask in by_domain.items():
+            syn = self._synthetic(name, d)
+            for cpu in cpuset.ids(mask):
+                if self.cpu_class.get(cpu) != syn:
+                    self.cpu_class[cpu] = syn
+                    self.dirty |= 1 << cpu
+
+    def _synthetic(self, name: str, d: int) -> str:
+        if not name or name not in self.classes:
+            return name
+        return f"{name}@d{d}"
+
+    def _set_def(self, syn: str, d: ClassDef) -> None:
+        prev = self.defs.get(syn)
+        self.defs[syn] = d
+        if prev == d:
+            return
+        for cpu, cls in self.cpu_class.items():
+            if cls == syn:
+                self.dirty |= 1 << cpu
+
+    def _recalculate_turbo(self, d: int) -> None:
+        """Upstream ``recalculateTurbo`` (§12.4)."""
+        if not self.classes:
+            return
+        per_class = self.active.get(d, {})
+        prio = 0
+        for cc in self.classes.values():
+            if cc.turbo_priority > prio and per_class.get(cc.name):
+                prio = cc.turbo_priority
+        if self.winner.get(d) == prio:
+            return
+        self.winner[d] = prio
+        if self.turbo is None:
+            log.warning("turbo recalculation skipped (domain %d): no platform turbo info", d)
+            return
+        for cc in self.classes.values():
+            wins = prio == 0 or cc.turbo_priority >= prio
+            turbo = self.turbo.max_khz if wins else self.turbo.base_khz
+            cdef = resolve(cc, self.turbo, turbo)
+            self._set_def(self._synthetic(cc.name, d), cdef)
+            log.info(
+                "turbo: domain=%d class %s (prio=%d, winner=%s): minFreq=%d maxFreq=%d",
+                d,
+                quote(cc.name),
+                cc.turbo_priority,
+                "true" if wins else "false",
+                cdef.min_freq,
+                cdef.max_freq,
+            )
+
+    # -- commit ------------------------------------------------------------------
+
+    def commit(self) -> bool:
+        """Write what the dirty CPUs need. False when the writer is unavailable
+        (the CPUs stay dirty; a later commit re-applies every setting)."""
+        if self.degraded:
+            self.written.clear()
+            self.uncore_written.clear()
+            self.dirty |= cpuset.from_ids(c for c, name in self.cpu_class.items() if name)
+        if not self.dirty:
+            return True
+        plan = self._plan()
+        for i, req in enumerate(plan.requests):
+            try:
+                self.writer.send(req)
+            except WriterUnavailable as exc:
+                if not self.degraded:
+                    log.error("cpuclass: SST helper unavailable: %s", exc)
+                    self.degraded = True
+                else:
+                    log.debug("cpuclass: SST helper still unavailable: %s", exc)
+                return False
+            except WriteRefused as exc:
+                log.error("cpuclass: %s refused: %s", _describe(req), exc)
+                continue
+            self.requests_sent += 1
+            for cpu, done in plan.done[i]:
+                w = self.written.setdefault(cpu, _Written())
+                for attr in ("min_freq", "max_freq", "governor", "epp", "cstates"):
+                    value = getattr(done, attr)
+                    if value is not None:
+                        setattr(w, attr, value)
+            u = plan.uncore_done[i]
+            if u is not None:
+                self.uncore_written[u[0]] = u[1]
+        self.dirty = 0
+        if self.degraded:
+            log.info("cpuclass: SST helper is back; CPU class settings re-applied")
+            self.degraded = False
+        return True
+
+    def _plan(self) -> _Plan:
+        plan = _Plan()
+        debug = log.isEnabledFor(logging.DEBUG)
+        freq_groups: dict[_FreqDelta, list[int]] = {}
+        cstate_groups: dict[tuple[str, ...], list[int]] = {}
+        cstate_log: dict[tuple[str, str], int] = {}
+        for cpu in cpuset.ids(self.dirty):
+            syn = self.cpu_class.get(cpu, "")
+            if not syn:
+                continue  # class "": never written (§12.1)
+            d = self.defs.get(syn)
+            if d is None:
+                continue  # an unknown class
+            w = self.written.get(cpu) or _Written()
+            delta = _FreqDelta(
+                min_khz=d.min_freq if d.min_freq and d.min_freq != w.min_freq else None,
+                max_khz=d.max_freq if d.max_freq and d.max_freq != w.max_freq else None,
+                governor=d.governor if d.governor and d.governor != w.governor else None,
+                epp=str(d.epp) if d.epp and str(d.epp) != w.epp else None,
+            )
+            if delta != _FreqDelta(None, None, None, None):
+                freq_groups.setdefault(delta, []).append(cpu)
+                if debug:
+                    log.debug("enforcing cpu frequency from class %s on cpu %d", quote(syn), cpu)
+                    if delta.min_khz is not None:
+                        log.debug(
+                            "enforcing cpu frequency min %d from class %s on cpu %d",
+                            delta.min_khz,
+                            quote(syn),
+                            cpu,
+                        )
+                    if delta.max_khz is not None:
+                        log.debug(
+                            "enforcing cpu frequency max %d from class %s on cpu %d",
+                            delta.max_khz,
+                            quote(syn),
+                            cpu,
+                        )
+                    if delta.governor is not None:
+                        log.debug(
+                            "enforcing cpu frequency governor %s from class %s on cpu %d",
+                            quote(delta.governor),
+                            quote(syn),
+                            cpu,
+                        )
+            if self.cstates_managed:
+                want = tuple(sorted(d.disabled_cstates))
+                if want != w.cstates:
+                    cstate_groups.setdefault(want, []).append(cpu)
+                    key = (syn, list_v(want))
+                    cstate_log[key] = cstate_log.get(key, 0) | 1 << cpu
+        for delta, cpus in freq_groups.items():
+            plan.requests.append(
+                m.SetCpufreq(
+                    cpus=cpus,
+                    min_khz=delta.min_khz,
+                    max_khz=delta.max_khz,
+                    governor=delta.governor,
+                    epp=delta.epp,
+                )
+            )
+            done = _Written(delta.min_khz, delta.max_khz, delta.governor, delta.epp)
+            plan.done.append([(c, done) for c in cpus])
+            plan.uncore_done.append(None)
+        for (syn, disabled_text), mask in cstate_log.items():
+            log.debug(
+                "cstates: class %s on cpus %s: disable=%s",
+                quote(syn),
+                cpuset.format(mask),
+                disabled_text,
+            )
+        for disabled, cpus in cstate_groups.items():
+            plan.requests.append(m.SetCstates(cpus=cpus, disabled=list(disabled)))
+            done = _Written(cstates=disabled)
+            plan.done.append([(c, done) for c in cpus])
+            plan.uncore_done.append(None)
+        self._plan_uncore(plan)
+        return plan
+
+    def _plan_uncore(self, plan: _Plan) -> None:
+        """Per die of a dirty CPU: the highest limits of the classes on the die."""
+        cpus = self.topology.cpus
+        dies = {cpus[c].die_key for c in cpuset.ids(self.dirty) if c in cpus}
+        for key in sorted(dies):
+            lo = hi = 0
+            for cpu in cpuset.ids(self.topology.die_masks.get(key, 0)):
+                d = self.defs.get(self.cpu_class.get(cpu, ""))
+                if d is not None:
+                    lo = max(lo, d.uncore_min_freq)
+                    hi = max(hi, d.uncore_max_freq)
+            if not lo and not hi:
+                log.debug("uncore: pkg/die %d/%d: no limits in effect", key[0], key[1])
+                continue
+            if lo and hi and lo > hi:
+                log.warning(
+                    "uncore: pkg/die %d/%d: min %d kHz above max %d kHz", key[0], key[1], lo, hi
+                )
+            prev = self.uncore_written.get(key, (0, 0))
+            new_lo = lo if lo and lo != prev[0] else None
+            new_hi = hi if hi and hi != prev[1] else None
+            if new_lo is None and new_hi is None:
+                continue
+            plan.requests.append(
+                m.SetUncore(package=key[0], die=key[1], min_khz=new_lo, max_khz=new_hi)
+            )
+            plan.done.append([])
+            plan.uncore_done.append((key, (lo or prev[0], hi or prev[1])))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _describe(req: WriteRequest) -> str:
+    if isinstance(req, m.SetUncore):
+        return f"uncore of package {req.package} die {req.die}"
+    what = "cpufreq" if isinstance(req, m.SetCpufreq) else "C-states"
+    return f"{what} of CPUs {cpuset.format(cpuset.from_ids(req.cpus))}"
