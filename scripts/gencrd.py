@@ -20,7 +20,6 @@ the project installed (nri_balloons, msgspec, PyYAML): `tox -e crd` or the dev v
 
 from __future__ import annotations
 
-import argparse
 import filecmp
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import _generator
 import msgspec
 import msgspec.inspect as mi
 import yaml
@@ -458,26 +458,15 @@ def stale(reference: Path = DEFAULT_OUT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: %(default)s)"
+    return _generator.run(
+        argv,
+        description=(__doc__ or "").splitlines()[0],
+        default_out=DEFAULT_OUT,
+        out_help="output directory (default: %(default)s)",
+        generate=generate,
+        stale=stale,
+        stale_message="CRDs are stale: run tox -e crd",
     )
-    group.add_argument(
-        "--check", action="store_true", help="only report whether the checked-in CRDs are stale"
-    )
-    args = parser.parse_args(argv)
-    if args.check:
-        bad = stale()
-        if bad:
-            print("CRDs are stale: run tox -e crd", file=sys.stderr)
-            for name in bad:
-                print(f"  {name}", file=sys.stderr)
-            return 1
-        return 0
-    for path in generate(args.out):
-        print(path)
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ the tox environment that runs this script.
 
 from __future__ import annotations
 
-import argparse
 import filecmp
 import keyword
 import re
@@ -24,6 +23,8 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
+
+import _generator
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
@@ -118,31 +119,15 @@ def stale(reference: Path = DEFAULT_OUT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        help="output root; modules go to OUT/nri_framework/pb (default: %(default)s)",
+    return _generator.run(
+        argv,
+        description=(__doc__ or "").splitlines()[0],
+        default_out=DEFAULT_OUT,
+        out_help="output root; modules go to OUT/nri_framework/pb (default: %(default)s)",
+        generate=generate,
+        stale=stale,
+        stale_message="generated protobuf modules are stale: run tox -e proto",
     )
-    group.add_argument(
-        "--check", action="store_true", help="only report whether the checked-in modules are stale"
-    )
-    args = parser.parse_args(argv)
-
-    if args.check:
-        bad = stale()
-        if bad:
-            print("generated protobuf modules are stale: run tox -e proto", file=sys.stderr)
-            for rel in bad:
-                print(f"  {rel}", file=sys.stderr)
-            return 1
-        return 0
-
-    for path in generate(args.out):
-        print(path)
-    return 0
 
 
 if __name__ == "__main__":
