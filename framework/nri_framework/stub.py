@@ -14,7 +14,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -62,7 +62,6 @@ class StubOptions:
     call_timeout: float = 2.0
     backoff_initial: float = 0.5
     backoff_max: float = 10.0
-    extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_environment(cls, env: dict[str, str] | None = None, **kw: object) -> StubOptions:

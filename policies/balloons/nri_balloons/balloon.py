@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from nri_framework import cpuset
 
 from nri_balloons.config import BalloonType
+from nri_balloons.cpus import max_avail_milli_cpus
 
 
 @dataclass
@@ -58,18 +59,14 @@ class Balloon:
         return self.cpus.bit_count() * 1000 - self.requested
 
     def max_avail_milli(self, free: int) -> int:
-        """mCPU the balloon could have: its CPUs plus what it may still take.
-
-        For a composite, the component that can grow least times the number of
-        components caps the free CPUs (upstream assumes equal shares)."""
-        nfree = free.bit_count()
-        if self.components:
-            smallest = min(c.max_avail_milli(free) for c in self.components)
-            nfree = min(smallest * len(self.components) // 1000, nfree)
-        max_cpus = self.bdef.max_cpus
-        if max_cpus == 0 or max_cpus > nfree:
-            return (self.cpus.bit_count() + nfree) * 1000
-        return max_cpus * 1000
+        """mCPU the balloon could have: its CPUs plus what it may still take
+        (a composite is capped by its components)."""
+        return max_avail_milli_cpus(
+            self.cpus,
+            free,
+            self.bdef.max_cpus,
+            [c.max_avail_milli(free) for c in self.components],
+        )
 
     def max_free_milli(self, free: int) -> int:
         return self.max_avail_milli(free) - self.requested

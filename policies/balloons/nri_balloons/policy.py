@@ -27,7 +27,7 @@ from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
 from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
-from nri_balloons.cpus import CpuAllocator, CpuPriority, LoadedDevice, LoadLevel
+from nri_balloons.cpus import CpuAllocator, CpuPriority, LoadedDevice, LoadLevel, share_idle
 from nri_balloons.cputree import CpuTreeAllocator, ResizeError
 from nri_balloons.devices import DeviceResolver, close_devices, far_devices
 from nri_balloons.expression import Subject, resolve_ref
@@ -636,20 +636,10 @@ class BalloonsPolicy:
 
     def _share_idle(self) -> None:
         """Shared idle CPUs of every balloon (§9)."""
-        idle = self.free & ~self.topology.isolated
         for bln in self.balloons:
-            level = bln.bdef.share_idle_cpus_in_same
-            if not level or not bln.cpus:
-                bln.shared_idle = 0
-                continue
-            if level == "system":
-                bln.shared_idle = idle
-                continue
-            scope = 0
-            for group in self.topology.level_masks(_LEVELS.get(level, level)):  # type: ignore[arg-type]
-                if group & bln.cpus:
-                    scope |= group
-            bln.shared_idle = scope & idle
+            bln.shared_idle = share_idle(
+                bln.cpus, self.free, bln.bdef.share_idle_cpus_in_same, self.topology
+            )
 
     # -- containers ------------------------------------------------------------------
 
@@ -917,9 +907,6 @@ class BalloonsPolicy:
 
     def __iter__(self) -> Iterator[Balloon]:
         return iter(self.balloons)
-
-
-_LEVELS = {"numa": "numa", "package": "package", "die": "die", "l2cache": "l2cache", "core": "core"}
 
 
 def _placement_view(spec: BalloonsPolicySpec) -> BalloonsPolicySpec:
