@@ -4,9 +4,25 @@
 from __future__ import annotations
 
 import argparse
+import filecmp
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+
+def stale_files(
+    generate: Callable[[Path], list[Path]], names: Sequence[str], reference: Path
+) -> list[str]:
+    """Regenerate into a temp dir; the ``names`` in ``reference`` that differ or lack."""
+    with tempfile.TemporaryDirectory(prefix="gen-") as tmp:
+        generate(Path(tmp))
+        return [
+            name
+            for name in names
+            if not (reference / name).is_file()
+            or not filecmp.cmp(Path(tmp) / name, reference / name, shallow=False)
+        ]
 
 
 def run(

@@ -20,9 +20,7 @@ the project installed (nri_balloons, msgspec, PyYAML): `tox -e crd` or the dev v
 
 from __future__ import annotations
 
-import filecmp
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -446,15 +444,8 @@ def generate(out: Path) -> list[Path]:
 
 
 def stale(reference: Path = DEFAULT_OUT) -> list[str]:
-    """Regenerate into a temp dir; the files in ``reference`` that differ."""
-    with tempfile.TemporaryDirectory(prefix="gencrd-") as tmp:
-        generate(Path(tmp))
-        return [
-            name
-            for name in FILES
-            if not (reference / name).is_file()
-            or not filecmp.cmp(Path(tmp) / name, reference / name, shallow=False)
-        ]
+    """Regenerate into a temp dir; return the files in ``reference`` that differ."""
+    return _generator.stale_files(generate, FILES, reference)
 
 
 def main(argv: list[str] | None = None) -> int:

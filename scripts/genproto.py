@@ -16,11 +16,9 @@ the tox environment that runs this script.
 
 from __future__ import annotations
 
-import filecmp
 import keyword
 import re
 import sys
-import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -108,14 +106,7 @@ def generate(out: Path) -> list[Path]:
 
 def stale(reference: Path = DEFAULT_OUT) -> list[str]:
     """Regenerate into a temp dir; return the files in ``reference`` that differ."""
-    with tempfile.TemporaryDirectory(prefix="genproto-") as tmp:
-        generate(Path(tmp))
-        return [
-            rel
-            for rel in GENERATED
-            if not (reference / rel).is_file()
-            or not filecmp.cmp(Path(tmp) / rel, reference / rel, shallow=False)
-        ]
+    return _generator.stale_files(generate, GENERATED, reference)
 
 
 def main(argv: list[str] | None = None) -> int:
