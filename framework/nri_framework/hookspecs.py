@@ -104,6 +104,19 @@ def policy_topology_zones() -> list[Zone] | None:
     """
 
 
+@hookspec(firstresult=True)
+def policy_extended_resources() -> dict[str, int | None] | None:
+    """The node extended resources the policy wants published (reference
+    §13.5): the *complete* desired map. A non-``None`` value publishes that
+    count under the key; ``None`` under an exact key removes it; ``None`` under
+    a key ending in ``/*`` claims ownership of that domain (every matching key
+    not published is removed). Only names matching ``*.nri.io/*`` are touched.
+
+    Called by the agent after changes (off the reply path). ``None`` when the
+    policy has no opinion.
+    """
+
+
 @hookspec
 def policy_shutdown() -> None:
     """The host is stopping (SIGTERM/SIGINT). Release what the policy holds."""

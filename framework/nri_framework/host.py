@@ -137,6 +137,7 @@ class PolicyHost:
         self.hook = self.pm.hook
         self._update_sender: UpdateSender | None = None
         self._save_handle: asyncio.Handle | None = None
+        self._listeners: list[Callable[[], None]] = []
         self._saved = self._load_state()
         self.synchronized = False
         self.hook.policy_start(host=self)
@@ -150,6 +151,12 @@ class PolicyHost:
     @property
     def containers(self) -> Mapping[str, Container]:
         return self.cache.containers
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (no arguments, must not block: it runs on the NRI
+        event loop) after every change of placement or configuration: what the
+        agent uses to republish NRT zones and extended resources."""
+        self._listeners.append(callback)
 
     def set_update_sender(self, sender: UpdateSender | None) -> None:
         self._update_sender = sender
@@ -348,6 +355,11 @@ class PolicyHost:
 
     def changed(self) -> None:
         """Something worth persisting changed; save soon, after the reply is out."""
+        for callback in self._listeners:
+            try:
+                callback()
+            except Exception:
+                log.exception("change listener failed")
         if self.state_dir is None or self._save_handle is not None:
             return
         try:
