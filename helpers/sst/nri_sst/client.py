@@ -71,7 +71,22 @@ class _Base:
         self.timeout = timeout
         self.client = client
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 16)
-        self.hello: m.HelloReply | None = None
+        self._hello_reply: m.HelloReply | None = None
+        self.handshakes = 0
+        """How many Hello handshakes succeeded: a change tells a caller that the
+        connection was re-established (a timeout, or a restarted helper that
+        asked for the handshake again), so helper-side state may be gone."""
+
+    @property
+    def hello(self) -> m.HelloReply | None:
+        """The reply of the current connection's handshake."""
+        return self._hello_reply
+
+    @hello.setter
+    def hello(self, reply: m.HelloReply | None) -> None:
+        if reply is not None:
+            self.handshakes += 1
+        self._hello_reply = reply
 
     def _frames(self, req: m.Request) -> tuple[bytes, list[bytes]]:
         rid = (next(self._ids) & (2**64 - 1)).to_bytes(8, "little")

@@ -28,23 +28,39 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from nri_framework import cpuset
 from nri_framework.topology import Topology
 from nri_sst import messages as m
-from nri_sst.client import HelperRequestError, HelperUnavailable, SyncHelperClient
 
 from nri_balloons.config import CPUClass
 from nri_balloons.frequency import Frequency
 from nri_balloons.gofmt import list_v, quote
+from nri_balloons.pct import Hints, PctAllocator, PctError
+from nri_balloons.sstlink import (
+    HelperWriter,
+    NullWriter,
+    Writer,
+    WriteRefused,
+    WriteRequest,
+    WriterUnavailable,
+)
+
+__all__ = [
+    "CpuClassError",
+    "CpuClassHandler",
+    "HelperWriter",
+    "NullWriter",
+    "WriteRefused",
+    "WriteRequest",
+    "Writer",
+    "WriterUnavailable",
+]
 
 log = logging.getLogger("cpuclass")
 
 TURBO_DOMAINS = ("package", "system")
 UNCORE_DIR = "sys/devices/system/cpu/intel_uncore_frequency"
-
-WriteRequest = m.SetCpufreq | m.SetCstates | m.SetUncore
 
 
 class CpuClassError(Exception):
@@ -52,60 +68,6 @@ class CpuClassError(Exception):
 
 
 # --------------------------------------------------------------------------- writers
-
-
-class WriterUnavailable(Exception):
-    """The writer cannot deliver anything now (the helper is gone)."""
-
-
-class WriteRefused(Exception):
-    """The helper refused one request (its message says why)."""
-
-
-class Writer(Protocol):
-    """Delivers one hardware request; raises :class:`WriterUnavailable` or
-    :class:`WriteRefused`."""
-
-    def send(self, request: WriteRequest) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class NullWriter:
-    """No helper: log what would be written, at debug level."""
-
-    def send(self, request: WriteRequest) -> None:
-        log.debug("cpuclass: no SST helper, not writing %s", request)
-
-    def close(self) -> None:
-        pass
-
-
-class HelperWriter:
-    """Requests to the SST helper over its ZeroMQ socket (blocking, with the
-    client's short timeout, so a dead helper costs one timeout per commit)."""
-
-    def __init__(self, endpoint: str, timeout: float = 0.1) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self._client: SyncHelperClient | None = None
-
-    def send(self, request: WriteRequest) -> None:
-        if self._client is None:
-            self._client = SyncHelperClient(
-                self.endpoint, timeout=self.timeout, client="nri-resource-policy"
-            )
-        try:
-            self._client.request(request)
-        except HelperUnavailable as exc:
-            raise WriterUnavailable(str(exc)) from None
-        except HelperRequestError as exc:
-            raise WriteRefused(str(exc)) from None
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 # --------------------------------------------------------------------------- classes
@@ -217,6 +179,7 @@ class CpuClassHandler:
         self.degraded = False
         self.uncore_available = (Path(topology.host_root) / UNCORE_DIR).is_dir()
         self.requests_sent = 0
+        self.pct = PctAllocator(topology, self.writer)
 
     # -- configuration -----------------------------------------------------------
 
@@ -280,6 +243,10 @@ class CpuClassHandler:
                         f"uncore limits set in cpu class {quote(name)} but uncore driver not "
                         "available; load the intel_uncore_frequency driver"
                     )
+        try:
+            self.pct.configure(classes, self.allowed)
+        except PctError as exc:
+            raise CpuClassError(f"cpuclass: pct configure: {exc}") from None
 
     def known(self, name: str) -> bool:
         return name in self.classes
@@ -301,6 +268,7 @@ class CpuClassHandler:
             return
         if name and name not in self.classes:
             log.error("unknown CPU class %s", quote(name))
+        self.pct.use(cpus, name)
         for per_class in self.active.values():
             for cls in list(per_class):
                 per_class[cls] &= ~cpus
@@ -372,6 +340,8 @@ class CpuClassHandler:
     def commit(self) -> bool:
         """Write what the dirty CPUs need. False when the writer is unavailable
         (the CPUs stay dirty; a later commit re-applies every setting)."""
+        if not self.pct.flush():
+            return False
         if self.degraded:
             self.written.clear()
             self.uncore_written.clear()
@@ -515,6 +485,17 @@ class CpuClassHandler:
             )
             plan.done.append([])
             plan.uncore_done.append((key, (lo or prev[0], hi or prev[1])))
+
+    def hints(self, name: str, requested: int, free: int, current: int) -> Hints:
+        """Placement hints of class ``name`` for adding ``requested`` CPUs of
+        ``free`` to a balloon holding ``current`` (upstream ``Hints``; PCT's)."""
+        hints = self.pct.hints(name, requested, free & self.allowed, current)
+        hints.prefer = [
+            (n, [s & self.allowed for s in sets if s & self.allowed]) for n, sets in hints.prefer
+        ]
+        hints.prefer = [(n, sets) for n, sets in hints.prefer if sets]
+        hints.avoid = [(n, c & self.allowed) for n, c in hints.avoid if c & self.allowed]
+        return hints
 
     def close(self) -> None:
         self.writer.close()

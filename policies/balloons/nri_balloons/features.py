@@ -30,13 +30,6 @@ def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
                 f"balloon type {bt.name!r}: pod-resources device hints {podres} are not "
                 "implemented yet (no kubelet pod-resources client); they are ignored"
             )
-    for cc in spec.cpu_classes:
-        if cc.is_pct or cc.publish_extended_resource or cc.pct_min_freq or cc.pct_max_freq:
-            out.append(
-                f"cpuClass {cc.name!r}: Priority Core Turbo (pctPriority, sstClosID, "
-                "pctMinFreq/pctMaxFreq, publishExtendedResource) is not implemented yet; "
-                "only the class's frequencies, governor, EPP, C-states and uncore limits apply"
-            )
     if spec.agent.pod_resource_api:
         out.append("agent.podResourceAPI is not implemented yet; it is ignored")
     if spec.control.rdt.enable:

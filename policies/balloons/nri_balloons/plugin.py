@@ -114,6 +114,10 @@ class Balloons:
         wanted: set[str] = set()
         for name in names:
             wanted |= set(ALL_LOGGERS) if name in ("*", "all") else {name}
+            if name == "cpu":
+                # upstream's cpuClass/PCT lines are under "cpuclass"; the spec's
+                # ``log.debug: [policy, cpu]`` expects them (reference §20.4)
+                wanted.add("cpuclass")
         for name in self.debugging - wanted:
             logging.getLogger(name).setLevel(logging.NOTSET)
         for name in wanted - self.debugging:
@@ -312,6 +316,12 @@ class Balloons:
     @hookimpl
     def policy_export_state(self) -> Any:
         return self.policy.export() if self.policy else None
+
+    @hookimpl
+    def policy_extended_resources(self) -> dict[str, int | None] | None:
+        if self.policy is None:
+            return None
+        return self.policy.extended_resources()
 
     @hookimpl
     def policy_topology_zones(self) -> list[Zone] | None:

@@ -27,7 +27,14 @@ from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
 from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
-from nri_balloons.cpus import CpuAllocator, CpuPriority, LoadedDevice, LoadLevel, share_idle
+from nri_balloons.cpus import (
+    CpuAllocator,
+    CpuPriority,
+    LoadedDevice,
+    LoadLevel,
+    VirtualDevice,
+    share_idle,
+)
 from nri_balloons.cputree import CpuTreeAllocator, ResizeError
 from nri_balloons.devices import DeviceResolver, close_devices, far_devices
 from nri_balloons.expression import Subject, resolve_ref
@@ -60,6 +67,14 @@ def request_milli(container: Container) -> int:
 def limit_milli(container: Container) -> int:
     cpu = container.resources.cpu if container.resources else None
     return quota_to_milli_cpu(cpu.quota or 0, cpu.period or 0) if cpu else 0
+
+
+EXT_RESOURCE_DOMAIN = "cpuclass.balloons.nri.io"
+
+
+def _sets(sets: Sequence[int]) -> str:
+    """CPU sets the way Go prints a slice of them: ``[0-1 4-5]``."""
+    return "[" + " ".join(cpuset.format(c) for c in sets) + "]"
 
 
 _REF = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z0-9_./-]+)")
@@ -271,6 +286,35 @@ class BalloonsPolicy:
         self.cpu_classes.reset()
         for bln in self.balloons:
             self._use_class(bln)
+
+    def extended_resources(self) -> dict[str, int | None] | None:
+        """Upstream ``GetExtendedResources`` (§13.5): the ownership key of the
+        ``cpuclass.balloons.nri.io`` domain, and for every PCT class with
+        ``publishExtendedResource`` its capacity (CPUs held by balloons of
+        other classes do not count). ``None`` (no opinion: leave the node as it
+        is) while PCT waits for the SST helper."""
+        out: dict[str, int | None] = {f"{EXT_RESOURCE_DOMAIN}/*": None}
+        pct = self.cpu_classes.pct
+        if self.config is None:
+            return out
+        if pct.wanted_mode and (pct.degraded or pct.need_program):
+            return None
+        if not pct.active:
+            return out
+        for cc in self.config.spec.cpu_classes:
+            if not cc.publish_extended_resource:
+                continue
+            if not cc.is_pct:
+                log.warning(
+                    "ignoring publishExtendedResource on non-PCT cpuClass %s", quote(cc.name)
+                )
+                continue
+            held = 0
+            for bln in self.balloons:
+                if self.balloon_class(bln.bdef) != cc.name:
+                    held |= bln.cpus
+            out[f"{EXT_RESOURCE_DOMAIN}/{cc.name}"] = max(pct.free_class_capacity(cc.name, held), 0)
+        return out
 
     def _build_trees(self, prepared: PreparedConfig) -> None:
         resolver = DeviceResolver(self.topology, self.host_root, self.reserved)
@@ -582,13 +626,25 @@ class BalloonsPolicy:
         tree = self.trees[bdef.name]
         self._load_devices_for(bdef)
         if delta > 0:
+            free = self.free & ~exclude
+            hints = self.cpu_classes.hints(self.balloon_class(bdef), delta, free, bln.cpus)
+            close, far = len(tree.prefer_close_to), len(tree.prefer_far_from)
+            for i, (name, sets) in enumerate(hints.prefer):
+                log.debug("cpuclass hint: prefer %s -> %s", quote(name), _sets(sets))
+                tree.prefer_close_to.append(VirtualDevice(f"__cls_pref_{i}_{name}", sets))
+            for i, (name, cpus) in enumerate(hints.avoid):
+                log.debug("cpuclass hint: avoid %s -> %s", quote(name), cpuset.format(cpus))
+                tree.prefer_far_from.append(VirtualDevice(f"__cls_avoid_{i}_{name}", [cpus]))
             try:
-                add = tree.resize(bln.cpus, self.free & ~exclude, delta)
+                add = tree.resize(bln.cpus, free, delta)
             except ResizeError as exc:
                 raise BalloonsError(
                     f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
                     f"cpuset for allocating additional {delta} CPUs: {exc}"
                 ) from None
+            finally:
+                del tree.prefer_close_to[close:]
+                del tree.prefer_far_from[far:]
             self.free &= ~add
             bln.cpus |= add
         else:

@@ -44,10 +44,16 @@ class Recorder:
     """A writer that records every request; ``down`` makes it unavailable,
     ``refuse`` makes it refuse requests of that type."""
 
+    endpoint = ""  # no helper: PCT stays off (tests/unit/nri_balloons/test_pct.py covers it)
+    generation = 0
+
     def __init__(self) -> None:
         self.requests: list[WriteRequest] = []
         self.down = False
         self.refuse: type | None = None
+
+    def request(self, request: m.Request, timeout: float | None = None) -> m.Reply:
+        raise AssertionError("cpuClass tests send no PCT requests")
 
     def send(self, request: WriteRequest) -> None:
         if self.down:

@@ -24,7 +24,7 @@ cpuClasses:
     assert any("memoryTypes are not implemented" in w for w in warnings)
     assert any("['podresourceapi:*.com/nic']" in w for w in warnings)
     assert any("agent.podResourceAPI" in w for w in warnings)
-    assert any("cpuClass 'hp': Priority Core Turbo" in w for w in warnings)
+    assert not any("'hp'" in w for w in warnings)  # Priority Core Turbo is implemented
     assert not any("'plain'" in w for w in warnings)
 
 

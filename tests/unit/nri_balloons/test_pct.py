@@ -1,0 +1,416 @@
+"""Priority Core Turbo in the balloons policy (reference §13), against the SST
+helper's own request handler and sim backend (the Xeon 6776P model) called
+in-process: real validation and SST state, without the socket (the
+integration tier runs the helper as a process:
+tests/integration/nri_balloons/test_pct_helper.py).
+
+``InProcessHelper`` is a stand-in for the ZeroMQ connection only: requests go
+to :class:`nri_sst.handler.RequestHandler` unchanged."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+from pathlib import Path
+
+import pytest
+from nri_balloons.config import load_policy
+from nri_balloons.pct import Hints
+from nri_balloons.policy import BalloonsError, BalloonsPolicy
+from nri_balloons.sstlink import WriteRefused, WriterUnavailable
+from nri_balloons.validation import validate
+from nri_framework import cpuset
+from nri_framework.model import Container, CpuResources, Pod, Resources
+from nri_framework.simulate.sysfs import write_topology
+from nri_framework.topology import Topology
+from nri_sst import PROTOCOL_VERSION
+from nri_sst import messages as m
+from nri_sst.backends.sim import SimBackend, SimConfig
+from nri_sst.handler import RequestHandler
+
+SPEC = Path(__file__).parents[3] / "examples" / "pct-managed" / "balloons-pct-managed.yaml"
+
+
+_ROOT: list[Path] = []
+
+
+def host_root() -> Path:
+    """The 6776P sysfs tree of this module (the helper writes C-states into it;
+    every test starts with a configuration that writes every CPU's C-states)."""
+    return _ROOT[-1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _ROOT.append(write_topology(tmp_path_factory.mktemp("pct") / "root", "xeon-6776p"))
+
+
+class InProcessHelper:
+    """The helper's request handler in this process (see the module doc)."""
+
+    endpoint = "inproc://sst-helper"
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config
+        self.generation = 0
+        self.down = False
+        self.sent: list[m.Request] = []
+        self.restart()
+
+    def restart(self) -> None:
+        """A fresh helper process: new handler, the handshake again."""
+        self.backend = SimBackend(self.config)
+        self.handler = RequestHandler(self.backend, host_root())
+        self.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"plugin")
+        self.generation += 1
+
+    def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        if self.down:
+            raise WriterUnavailable("helper at inproc://sst-helper did not answer within 100 ms")
+        self.sent.append(req)
+        try:
+            return self.handler.dispatch(req, b"plugin")
+        except m.HelperError as exc:
+            raise WriteRefused(f"{exc.code}: {exc}") from None
+
+    def send(self, req: m.SetCpufreq | m.SetCstates | m.SetUncore) -> None:
+        self.request(req)
+
+    def close(self) -> None:
+        pass
+
+    def clos(self, cpus: int) -> dict[int, int]:
+        reply = self.handler.dispatch(m.GetAssociation(cpus=cpuset.ids(cpus)), b"plugin")
+        assert isinstance(reply, m.GetAssociationReply)
+        return reply.clos
+
+    def punit_state(self) -> list[m.PunitInfo]:
+        reply = self.handler.dispatch(m.Discover(), b"plugin")
+        assert isinstance(reply, m.DiscoverReply)
+        return [pu for pkg in reply.packages for pu in pkg.punits]
+
+
+def make(text: str | None = None, helper: InProcessHelper | None = None):  # type: ignore[no-untyped-def]
+    helper = helper or InProcessHelper()
+    topo = Topology.from_sysfs(str(host_root()))
+    policy = BalloonsPolicy(topo, str(host_root()), writer=helper)
+    doc = load_policy(text if text is not None else SPEC.read_text())
+    result = validate(doc, online_cpus=topo.online)
+    assert result.prepared is not None, result.errors
+    policy.set_config(result.prepared)
+    assert policy.cpu_classes.commit()
+    return policy, helper
+
+
+def pod(name: str, cpus: int, balloon: str) -> tuple[Pod, Container]:
+    p = Pod(
+        id=f"pod-{name}",
+        name=name,
+        namespace="default",
+        uid=f"uid-{name}",
+        annotations={"balloon.balloons.resource-policy.nri.io": balloon},
+    )
+    cpu = CpuResources(shares=1024 * cpus, quota=100_000 * cpus, period=100_000)
+    return p, Container(
+        id=f"ctr-{name}", pod_sandbox_id=p.id, name="bench", resources=Resources(cpu=cpu)
+    )
+
+
+def admit(policy: BalloonsPolicy, name: str, cpus: int, balloon: str) -> int:
+    """Create a container (one decision, one commit, as the plugin does); its CPUs."""
+    bln = policy.allocate(*pod(name, cpus, balloon))
+    assert bln is not None
+    assert policy.cpu_classes.commit()
+    return bln.cpus
+
+
+def disabled_cstates(cpu: int) -> set[str]:
+    base = host_root() / f"sys/devices/system/cpu/cpu{cpu}/cpuidle"
+    out = set()
+    for state in base.glob("state*"):
+        if (state / "disable").read_text().strip() == "1":
+            out.add((state / "name").read_text().strip())
+    return out
+
+
+def test_spec_configuration_programs_managed_mode(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="cpuclass")
+    policy, helper = make()
+    lines = [r.getMessage() for r in caplog.records if r.name == "cpuclass"]
+    assert "pct: mode=managed, 2 PCT cpuClass(es), 4 punit(s) across 2 package(s)" in lines
+    assert "pct: programmed CLOS 0 min=2300000 max=4600000 kHz" in lines
+    assert "pct: programmed CLOS 3 min=800000 max=2300000 kHz" in lines
+    assert 'pct: cpuClass "hp-pct" classified HP (managed: pctPriority=high, CLOS 0)' in lines
+    assert 'pct: cpuClass "lp-pct" classified LP (managed: pctPriority=low, CLOS 3)' in lines
+    assert "pct: fallback CLOS for non-PCT CPUs set to 3 (LP)" in lines
+    assert any(x.startswith("pct: PrepareManagedMode done") for x in lines)
+    assert any(x.startswith("pct: EnableCP done") for x in lines)
+    assert any(
+        x.startswith("pct: SST discovered: pkg=0 punit=0 level=0 cpus=0-31,128-159") for x in lines
+    )
+    # the order of the SoC-wide programming (§13.2)
+    kinds = [type(r).__name__ for r in helper.sent]
+    assert (
+        kinds.index("PrepareManagedMode") < kinds.index("ConfigureClos") < kinds.index("EnableCP")
+    )
+    # the model: CP on and ordered, TF on, on every punit; CLOS bounds programmed
+    for pu in helper.punit_state():
+        assert pu.cp.enabled and pu.cp.priority == "ordered", pu
+        assert pu.tf.enabled, pu
+        clos = {c.clos: c for c in pu.clos}
+        assert (clos[0].min_khz, clos[0].max_khz) == (2_300_000, 4_600_000)
+        assert (clos[3].min_khz, clos[3].max_khz) == (800_000, 2_300_000)
+    # every CPU (idle, reserved) is on the LP fallback CLOS: no balloon holds HP CPUs yet
+    assert set(helper.clos(policy.allowed).values()) == {3}
+
+
+def punit_of(policy: BalloonsPolicy, cpus: int) -> set[tuple[int, int]]:
+    pct = policy.cpu_classes.pct
+    return {k for c in cpuset.ids(cpus) if (k := pct.punit_key(c)) is not None}
+
+
+def test_spec_scenario_hp_spread_lp_and_clos(caplog: pytest.LogCaptureFixture) -> None:
+    """Steps 5-6 of the spec: four HP pods of 2 CPUs, one LP pod of 8."""
+    policy, helper = make()
+    caplog.set_level(logging.DEBUG, logger="cpuclass")
+    hp = [admit(policy, f"pct-hp-{i}", 2, "hp-bln") for i in range(1, 5)]
+    lp = admit(policy, "pct-lp", 8, "lp-bln")
+    assert [c.bit_count() for c in hp] == [2, 2, 2, 2]
+    assert lp.bit_count() == 8
+    # four distinct punits (6.4), each HP balloon one physical core's two threads
+    punits = [punit_of(policy, c) for c in hp]
+    assert all(len(p) == 1 for p in punits)
+    assert len(set.union(*punits)) == 4
+    for c in hp:
+        a, b = cpuset.ids(c)
+        assert b == a + 128
+    names = sorted(b.name for b in policy.balloons)
+    assert names == [
+        "default[0]",
+        "hp-bln[0]",
+        "hp-bln[1]",
+        "hp-bln[2]",
+        "hp-bln[3]",
+        "lp-bln[0]",
+        "reserved[0]",
+    ]
+    # 6.3: CLOS 0 on HP CPUs, CLOS 3 on LP and everything else
+    all_hp = functools.reduce(operator.or_, hp)
+    clos = helper.clos(policy.allowed)
+    assert {c for c, k in clos.items() if k == 0} == set(cpuset.ids(all_hp))
+    assert all(clos[c] == 3 for c in cpuset.ids(lp))
+    # 6.1: one association line per HP pod (CLOS 0) and per LP pod (CLOS 3)
+    lines = [r.getMessage() for r in caplog.records if "associated cpus" in r.getMessage()]
+    assert sum(x.endswith("to CLOS 0") for x in lines) == 4, lines
+    assert sum(x.endswith("to CLOS 3") for x in lines) == 1, lines
+    assert f"pct: associated cpus {cpuset.format(lp)} to CLOS 3" in lines
+    # C6/C6P disabled exactly on HP CPUs (the hp-pct class), enabled elsewhere
+    for cpu in cpuset.ids(policy.allowed):
+        want = {"C6", "C6P"} if all_hp >> cpu & 1 else set()
+        assert disabled_cstates(cpu) == want, cpu
+    # SST-TF effective: the model's HP bucket applies to every punit
+    for pu in helper.punit_state():
+        assert pu.tf.enabled and pu.cp.enabled and pu.cp.priority == "ordered"
+
+
+def test_freed_hp_cpus_go_back_to_lp_clos_and_cstates(caplog: pytest.LogCaptureFixture) -> None:
+    policy, helper = make()
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    assert set(helper.clos(hp).values()) == {0}
+    caplog.set_level(logging.DEBUG, logger="cpuclass")
+    policy.release("ctr-pct-hp-1")
+    assert policy.cpu_classes.commit()
+    assert set(helper.clos(policy.allowed).values()) == {3}
+    assert f"pct: associated cpus {cpuset.format(hp)} to CLOS 3" in caplog.messages
+    for cpu in cpuset.ids(hp):
+        assert disabled_cstates(cpu) == set()
+
+
+def test_hp_balloon_resize_associates_new_cpus() -> None:
+    text = SPEC.read_text().replace("preferNewBalloons: true", "preferNewBalloons: false")
+    policy, helper = make(text)
+    first = admit(policy, "a", 2, "hp-bln")
+    both = admit(policy, "b", 2, "hp-bln")
+    assert first & both == first and both.bit_count() == 4
+    assert set(helper.clos(both).values()) == {0}
+    assert len(punit_of(policy, both)) == 1  # inflated within its punit
+
+
+def test_extended_resource_capacity() -> None:
+    text = SPEC.read_text().replace(
+        "    pctMaxFreq: turbo\n", "    pctMaxFreq: turbo\n    publishExtendedResource: true\n"
+    )
+    policy, _ = make(text)
+    res = policy.extended_resources()
+    # 4 punits x 8 guaranteed HP CPUs (the smallest SST-TF bucket), as upstream's quickstart
+    assert res == {"cpuclass.balloons.nri.io/*": None, "cpuclass.balloons.nri.io/hp-pct": 32}
+    # the HP class's own balloons are not subtracted; CPUs held by other classes are
+    admit(policy, "hp", 2, "hp-bln")
+    assert policy.extended_resources()["cpuclass.balloons.nri.io/hp-pct"] == 32  # type: ignore[index]
+    # no publishing class: only the ownership key, so every owned key is removed
+    plain, _ = make()
+    assert plain.extended_resources() == {"cpuclass.balloons.nri.io/*": None}
+
+
+def test_dead_helper_degrades_pct_not_placement(caplog: pytest.LogCaptureFixture) -> None:
+    helper = InProcessHelper()
+    helper.down = True
+    caplog.set_level(logging.DEBUG, logger="cpuclass")
+    policy, _ = make_degraded(helper)
+    assert any(
+        "PCT" in r.getMessage() or "Priority Core Turbo" in r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR
+    )
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None and bln.cpus.bit_count() == 2  # still placed and pinned
+    assert not policy.cpu_classes.commit()
+    assert policy.extended_resources() is None  # no opinion while degraded
+    # the helper returns: everything is programmed, HP CPUs on CLOS 0, the rest on 3
+    helper.down = False
+    assert policy.cpu_classes.commit()
+    assert "pct: SST helper is back; SST state programmed and CPUs re-associated" in caplog.messages
+    clos = helper.clos(policy.allowed)
+    assert {c for c, k in clos.items() if k == 0} == set(cpuset.ids(bln.cpus))
+    assert disabled_cstates(cpuset.ids(bln.cpus)[0]) == {"C6", "C6P"}
+
+
+def make_degraded(helper: InProcessHelper):  # type: ignore[no-untyped-def]
+    topo = Topology.from_sysfs(str(host_root()))
+    policy = BalloonsPolicy(topo, str(host_root()), writer=helper)
+    result = validate(load_policy(SPEC.read_text()), online_cpus=topo.online)
+    assert result.prepared is not None
+    policy.set_config(result.prepared)
+    assert not policy.cpu_classes.commit()
+    return policy, helper
+
+
+def test_restarted_helper_is_programmed_again(caplog: pytest.LogCaptureFixture) -> None:
+    policy, helper = make()
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    helper.restart()  # a new helper: SST as the BIOS left it (CP off, all CLOS 0)
+    assert not helper.punit_state()[0].cp.enabled
+    caplog.set_level(logging.INFO, logger="cpuclass")
+    lp = admit(policy, "pct-lp", 8, "lp-bln")
+    assert "pct: SST helper reconnected; programming SST state again" in caplog.messages
+    assert all(pu.cp.enabled and pu.tf.enabled for pu in helper.punit_state())
+    clos = helper.clos(policy.allowed)
+    assert {c for c, k in clos.items() if k == 0} == set(cpuset.ids(hp))
+    assert all(clos[c] == 3 for c in cpuset.ids(lp))
+
+
+ASSOC_ONLY = """
+reservedResources: {cpu: "cpuset:0,1,128,129"}
+pinCPU: true
+balloonTypes:
+- name: hp
+  cpuClass: hp-clos0
+  maxCPUs: 8
+  preferNewBalloons: true
+- name: lp
+  cpuClass: lp-clos3
+cpuClasses:
+- {name: default, sstClosID: 3}
+- {name: hp-clos0, sstClosID: 0}
+- {name: lp-clos3, sstClosID: 3}
+"""
+
+
+def test_assoc_only_mode_reads_and_associates(caplog: pytest.LogCaptureFixture) -> None:
+    """Reference §19 manual example: the operator programmed SST (the sim's
+    "BIOS PCT on" profile); the plugin only associates."""
+    caplog.set_level(logging.DEBUG, logger="cpuclass")
+    helper = InProcessHelper(SimConfig(profile="bios-pct-on"))
+    policy, _ = make(ASSOC_ONLY, helper)
+    kinds = {type(r).__name__ for r in helper.sent}
+    assert not kinds & {"PrepareManagedMode", "ConfigureClos", "EnableCP"}
+    assert (
+        "pct: mode=assoc-only, 3 PCT cpuClass(es), 4 punit(s) across 2 package(s)"
+        in caplog.messages
+    )
+    assert not any("PrepareManagedMode done" in x or "EnableCP done" in x for x in caplog.messages)
+    hp = admit(policy, "a", 2, "hp")
+    assert f"pct: associated cpus {cpuset.format(hp)} to CLOS 0" in caplog.messages
+    assert set(helper.clos(hp).values()) == {0}
+    lp = admit(policy, "b", 4, "lp")
+    assert set(helper.clos(lp).values()) == {3}
+
+
+def test_assoc_only_non_pct_cpus_left_alone() -> None:
+    text = ASSOC_ONLY.replace("- {name: default, sstClosID: 3}\n", "")
+    helper = InProcessHelper(SimConfig(profile="bios-pct-on"))
+    before = None
+    policy, _ = make(text, helper)
+    before = helper.clos(policy.allowed)
+    bln = policy.allocate(*pod("x", 2, "reserved"))  # a non-PCT class
+    assert bln is not None
+    assert policy.cpu_classes.commit()
+    assert helper.clos(policy.allowed) == before
+    assert not any(
+        isinstance(r, m.AssociateCpus) and set(r.cpus) & set(cpuset.ids(bln.cpus)) and r.clos != 0
+        for r in helper.sent
+    )
+
+
+def test_hp_hints_follow_room_then_free() -> None:
+    """§13.6 tiers: with 2 HP CPUs of room per punit (a narrow SST-TF bucket),
+    a second HP balloon avoids the punit the first one filled."""
+    helper = InProcessHelper(SimConfig(tf_buckets=(2,), tf_mhz=(4600,)))
+    policy, _ = make(helper=helper)
+    pct = policy.cpu_classes.pct
+    assert {pu.max_hp for pu in pct.punits} == {2}
+    a = admit(policy, "a", 2, "hp-bln")
+    hints = policy.cpu_classes.hints("hp-pct", 2, policy.free & ~policy.reserved, 0)
+    assert hints.prefer and hints.prefer[0][0] == "sst-hp-reserve"
+    first_choice = hints.prefer[0][1][0]
+    assert not first_choice & a and punit_of(policy, first_choice) != punit_of(policy, a)
+    # non-HP classes avoid punits holding HP CPUs
+    lp_hints = policy.cpu_classes.hints("lp-pct", 8, policy.free, 0)
+    assert lp_hints.avoid and lp_hints.avoid[0][0] == "sst-hp-in-use"
+    lp = admit(policy, "lp", 8, "lp-bln")
+    assert not punit_of(policy, lp) & punit_of(policy, a)
+
+
+def test_no_helper_means_no_pct(caplog: pytest.LogCaptureFixture) -> None:
+    topo = Topology.from_sysfs(str(host_root()))
+    policy = BalloonsPolicy(topo, str(host_root()))
+    result = validate(load_policy(SPEC.read_text()), online_cpus=topo.online)
+    assert result.prepared is not None
+    policy.set_config(result.prepared)
+    assert "pct: no SST helper (--sst-helper); ignoring PCT fields in cpuClasses" in caplog.messages
+    assert policy.cpu_classes.commit()
+    assert isinstance(policy.cpu_classes.hints("hp-pct", 2, policy.free, 0), Hints)
+
+
+def test_sst_not_supported(caplog: pytest.LogCaptureFixture) -> None:
+    from nri_sst.backends.none import NoneBackend
+
+    helper = InProcessHelper()
+    helper.backend = NoneBackend()
+    helper.handler = RequestHandler(helper.backend, host_root())
+    helper.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"plugin")
+    policy, _ = make(helper=helper)
+    assert (
+        "pct: SST not supported on this host; ignoring PCT fields in cpuClasses" in caplog.messages
+    )
+    assert not policy.cpu_classes.pct.active
+    assert admit(policy, "a", 2, "hp-bln").bit_count() == 2
+
+
+def test_invalid_pct_errors_are_exact() -> None:
+    from nri_balloons.pct import PctError, plan_classes
+
+    doc = load_policy(
+        "reservedResources: {cpu: '1'}\n"
+        "cpuClasses:\n- {name: a, pctPriority: high}\n- {name: b, sstClosID: 1}\n"
+    )
+    with pytest.raises(
+        PctError,
+        match=r"^pct: cannot mix managed \(pctPriority\) and assoc-only \(sstClosID\) modes$",
+    ):
+        plan_classes(doc.spec.cpu_classes, None)
+    with pytest.raises(BalloonsError):
+        bad = validate(doc, online_cpus=(1 << 256) - 1)
+        assert bad.prepared is None
+        raise BalloonsError("; ".join(bad.errors))
