@@ -118,7 +118,7 @@ class PluginProcess:
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
-        self.tail: collections.deque[str] = collections.deque(maxlen=2000)
+        self.tail: collections.deque[str] = collections.deque(maxlen=100_000)
         self._reader = asyncio.create_task(self._read())
 
     @classmethod

@@ -337,10 +337,13 @@ class CpuClassHandler:
 
     # -- commit ------------------------------------------------------------------
 
-    def commit(self) -> bool:
+    def commit(self, timeout: float | None = None) -> bool:
         """Write what the dirty CPUs need. False when the writer is unavailable
-        (the CPUs stay dirty; a later commit re-applies every setting)."""
-        if not self.pct.flush():
+        (the CPUs stay dirty; a later commit re-applies every setting).
+        ``timeout``: per request; the writer's default (100 ms) on a
+        container's reply path, longer for configuration-time commits that
+        touch every CPU."""
+        if not self.pct.flush(timeout):
             return False
         if self.degraded:
             self.written.clear()
@@ -351,7 +354,7 @@ class CpuClassHandler:
         plan = self._plan()
         for i, req in enumerate(plan.requests):
             try:
-                self.writer.send(req)
+                self.writer.send(req, timeout)
             except WriterUnavailable as exc:
                 if not self.degraded:
                     log.error("cpuclass: SST helper unavailable: %s", exc)

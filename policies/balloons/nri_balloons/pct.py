@@ -171,6 +171,9 @@ class PctAllocator:
         self.degraded = False
         self.programmed_generation = -1
         self.requests_sent = 0
+        self.timeout: float | None = None
+        self._programmed_key: object = None
+        """per-request timeout of the current flush (None: the writer's 100 ms)"""
         self._discovery: m.DiscoverReply | None = None
         self._turbo: tuple[int, int, int] | None = None
         for c in topology.cpus.values():
@@ -185,6 +188,10 @@ class PctAllocator:
         return bool(self.writer.endpoint)
 
     def _request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        if timeout is None:
+            timeout = self.timeout
+        elif self.timeout is not None:
+            timeout = max(timeout, self.timeout)
         try:
             reply = self.writer.request(req, timeout)
         except WriterUnavailable as exc:
@@ -209,6 +216,24 @@ class PctAllocator:
         Raises :class:`PctError` for a plan that cannot work. A helper that
         cannot be reached makes PCT degraded, not the configuration fail."""
         mode, plans = plan_classes(classes, self._turbo)
+        key = (mode, tuple(sorted(plans.items())), allowed)
+        if (
+            self.mode
+            and key == self._programmed_key
+            and not self.need_program
+            and not self.degraded
+            and self.generation == self.programmed_generation
+        ):
+            # the same plan on the same helper: SST stays as programmed (no
+            # PrepareManagedMode that would put every CPU on CLOS 0 meanwhile);
+            # the caller assigns every CPU's class again
+            log.debug("pct: SST already programmed for this plan; keeping it")
+            self.want = {}
+            self.class_of = {}
+            self.hp_used = {}
+            self.pending = 0
+            return
+        self._programmed_key = key
         self.plans = plans
         self.allowed = allowed
         self.mode = ""
@@ -466,6 +491,24 @@ class PctAllocator:
         self.need_program = True
         self.pending |= cpuset.from_ids(self.want)
 
+    def probe(self) -> bool:
+        """Ask the helper something cheap to notice a restart (its SST state
+        is then gone). True when SST must be programmed again (flush does it)."""
+        if not self.mode or self.degraded or self.need_program or not self.punit_of:
+            return self.need_program or self.degraded
+        try:
+            self._request(m.GetAssociation(cpus=[min(self.punit_of)]))
+        except Unavailable as exc:
+            self._degrade(exc)
+            return True
+        except Refused:
+            return False
+        if self.generation != self.programmed_generation:
+            log.warning("pct: SST helper reconnected; programming SST state again")
+            self.need_program = True
+            self.pending |= cpuset.from_ids(self.want)
+        return self.need_program
+
     # -- association (§13.3) -------------------------------------------------------
 
     def use(self, cpus: int, name: str) -> None:
@@ -496,9 +539,17 @@ class PctAllocator:
             self.want[cpu] = clos
         self.pending |= cpus
 
-    def flush(self) -> bool:
+    def flush(self, timeout: float | None = None) -> bool:
         """Send the associations the decisions since the last flush touched.
-        False when the helper is unavailable (PCT degraded; retried later)."""
+        False when the helper is unavailable (PCT degraded; retried later).
+        ``timeout``: per request, when not on a container's reply path."""
+        self.timeout = timeout
+        try:
+            return self._flush()
+        finally:
+            self.timeout = None
+
+    def _flush(self) -> bool:
         if not self.wanted_mode:
             return True
         for _attempt in range(2):

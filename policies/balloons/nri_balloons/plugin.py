@@ -40,6 +40,12 @@ from nri_balloons.validation import PreparedConfig, validate
 
 __version__ = "0.1.0"
 
+PROBE_INTERVAL = 5.0
+"""Seconds between checks that the SST helper still holds the PCT state (a
+restarted helper comes back with SST reset)."""
+CONFIG_TIMEOUT = 1.0
+"""Per helper request when a configuration is applied (every CPU's settings;
+not on a container's reply path)."""
 RETRY_MIN = 0.5
 RETRY_MAX = 10.0
 """Seconds between background commits while the SST helper is away (doubling)."""
@@ -60,13 +66,14 @@ class Balloons:
         self.runtime_nri: tuple[int, ...] = ()
         self.scheduling_warned = False
         self.retry: asyncio.TimerHandle | None = None
+        self.probe: asyncio.TimerHandle | None = None
         self.retry_delay = RETRY_MIN
         self.debugging: set[str] = set()
         self.no_helper_warned = False
 
     # -- cpuClasses ----------------------------------------------------------------
 
-    def commit(self) -> None:
+    def commit(self, timeout: float | None = None) -> None:
         """Apply the CPU class decisions of the hook that just ran (one commit
         per hook). While the SST helper is away, retry in the background with
         a growing delay, and leave it to that retry (hooks do not wait for the
@@ -74,19 +81,33 @@ class Balloons:
         everything."""
         if self.policy is None or self.retry is not None:
             return
-        if self.policy.cpu_classes.commit():
-            self.retry_delay = RETRY_MIN
-            return
+        ok = self.policy.cpu_classes.commit(timeout)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            return
+        if self.probe is None and self.policy.cpu_classes.pct.wanted_mode:
+            self.probe = loop.call_later(PROBE_INTERVAL, self._probe)
+        if ok:
+            self.retry_delay = RETRY_MIN
             return
         self.retry = loop.call_later(self.retry_delay, self._retry)
         self.retry_delay = min(self.retry_delay * 2, RETRY_MAX)
 
     def _retry(self) -> None:
         self.retry = None
-        self.commit()
+        self.commit(CONFIG_TIMEOUT)  # everything again, off the reply path
+
+    def _probe(self) -> None:
+        """Every PROBE_INTERVAL while PCT is configured: a restarted helper
+        is noticed (and programmed again) even when no container changes."""
+        self.probe = None
+        if self.policy is None or not self.policy.cpu_classes.pct.wanted_mode:
+            return
+        if self.retry is None and self.policy.cpu_classes.pct.probe():
+            self.commit(CONFIG_TIMEOUT)
+        if self.probe is None:
+            self.probe = asyncio.get_running_loop().call_later(PROBE_INTERVAL, self._probe)
 
     # -- configuration -----------------------------------------------------------
 
@@ -147,7 +168,7 @@ class Balloons:
         except BalloonsError as exc:
             raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
         finally:
-            self.commit()
+            self.commit(CONFIG_TIMEOUT)
 
     def reconfigure(self, text: str, source: str) -> list[Update]:
         """A new configuration for the running plugin (what the agent delivers
@@ -171,7 +192,7 @@ class Balloons:
         except BalloonsError as exc:
             raise PolicyError(str(exc)) from None
         finally:
-            self.commit()
+            self.commit(CONFIG_TIMEOUT)
         return self._updates()
 
     @hookimpl
@@ -307,9 +328,10 @@ class Balloons:
 
     @hookimpl
     def policy_shutdown(self) -> None:
-        if self.retry is not None:
-            self.retry.cancel()
-            self.retry = None
+        for handle in (self.retry, self.probe):
+            if handle is not None:
+                handle.cancel()
+        self.retry = self.probe = None
         if self.policy is not None:
             self.policy.cpu_classes.close()
 

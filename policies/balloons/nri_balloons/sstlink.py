@@ -35,7 +35,7 @@ class Writer(Protocol):
 
     endpoint: str
 
-    def send(self, request: WriteRequest) -> None: ...
+    def send(self, request: WriteRequest, timeout: float | None = None) -> None: ...
 
     def request(self, request: m.Request, timeout: float | None = None) -> m.Reply: ...
 
@@ -50,7 +50,7 @@ class NullWriter:
 
     endpoint = ""
 
-    def send(self, request: WriteRequest) -> None:
+    def send(self, request: WriteRequest, timeout: float | None = None) -> None:
         log.debug("cpuclass: no SST helper, not writing %s", request)
 
     def request(self, request: m.Request, timeout: float | None = None) -> m.Reply:
@@ -74,8 +74,8 @@ class HelperWriter:
         self._client: SyncHelperClient | None = None
         self._closed_handshakes = 0
 
-    def send(self, request: WriteRequest) -> None:
-        self.request(request)
+    def send(self, request: WriteRequest, timeout: float | None = None) -> None:
+        self.request(request, timeout)
 
     def request(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         if self._client is None:

@@ -55,7 +55,7 @@ class Recorder:
     def request(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         raise AssertionError("cpuClass tests send no PCT requests")
 
-    def send(self, request: WriteRequest) -> None:
+    def send(self, request: WriteRequest, timeout: float | None = None) -> None:
         if self.down:
             raise WriterUnavailable("helper at ipc:///x did not answer within 100 ms")
         if self.refuse is not None and isinstance(request, self.refuse):

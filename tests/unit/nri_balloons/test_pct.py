@@ -74,7 +74,9 @@ class InProcessHelper:
         except m.HelperError as exc:
             raise WriteRefused(f"{exc.code}: {exc}") from None
 
-    def send(self, req: m.SetCpufreq | m.SetCstates | m.SetUncore) -> None:
+    def send(
+        self, req: m.SetCpufreq | m.SetCstates | m.SetUncore, timeout: float | None = None
+    ) -> None:
         self.request(req)
 
     def close(self) -> None:
