@@ -354,6 +354,23 @@ XEON_6776P = TopologySpec(
     uncore=UncoreSpec(),
 )
 
+PCT16 = TopologySpec(
+    name="pct16",
+    packages=2,
+    nodes_per_die=2,
+    cores_per_node=2,
+    threads_per_core=2,
+    numbering="smt-last",
+    die_id_is_package=True,
+    l3_scope="package",
+    cpufreq=CpuFreqSpec(min_khz=800_000, base_khz=2_900_000, max_khz=3_800_000),
+    cstates=GNR_CSTATES,
+    uncore=UncoreSpec(),
+)
+"""n4c16's size and upstream test19's frequencies (base 2.9, min 0.8, max 3.8
+GHz) with the 6776P's numbering (SMT sibling = cpu + 8), so the SST helper's
+sim backend (``--sim-config`` with 2 packages of one 4-core punit) models it."""
+
 S8C4K = TopologySpec(
     name="s8c4k",
     packages=8,
@@ -363,7 +380,7 @@ S8C4K = TopologySpec(
     online="0-2,511,1535,4095",
 )
 
-TOPOLOGIES: Mapping[str, TopologySpec] = {t.name: t for t in (N4C16, XEON_6776P, S8C4K)}
+TOPOLOGIES: Mapping[str, TopologySpec] = {t.name: t for t in (N4C16, XEON_6776P, PCT16, S8C4K)}
 
 
 # ---------------------------------------------------------------------------

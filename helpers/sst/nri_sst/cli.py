@@ -9,14 +9,17 @@ with a backend (read-only). The SST-PP block lists one row per punit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
+
 from nri_sst import _cpuset
 from nri_sst import messages as m
-from nri_sst.backends import BACKENDS, make_backend
+from nri_sst.backends import BACKENDS, SimConfig, make_backend
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--backend", choices=BACKENDS, default="auto")
         q.add_argument("--host-root", type=Path, default=Path("/"), help="host filesystem root")
         q.add_argument("--sim-state", type=Path, help="sim backend state file (JSON)")
+        q.add_argument(
+            "--sim-config",
+            type=Path,
+            help="sim backend model (JSON object of SimConfig fields; default: the Xeon 6776P)",
+        )
     i.add_argument("--socket", help="ask a running helper instead of reading the host")
     return p
 
@@ -45,11 +53,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from nri_sst.server import serve
 
-        backend, note = make_backend(args.backend, args.host_root, args.sim_state)
+        backend, note = make_backend(
+            args.backend, args.host_root, args.sim_state, sim_config(args.sim_config)
+        )
         if note:
             log.warning("nri-sst-helper: %s", note)
         return serve(args.socket, backend, args.host_root)
     return info(args)
+
+
+def sim_config(path: Path | None) -> SimConfig | None:
+    """The sim model of ``--sim-config`` (unknown fields are an error)."""
+    if path is None:
+        return None
+    try:
+        raw = msgspec.json.decode(path.read_bytes(), type=dict[str, object])
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(SimConfig)})
+        if unknown:
+            raise msgspec.ValidationError(f"unknown field(s) {', '.join(unknown)}")
+        return msgspec.convert(raw, type=SimConfig, strict=True)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SystemExit(f"nri-sst-helper: --sim-config {path}: {exc}") from None
 
 
 def info(args: argparse.Namespace) -> int:
@@ -65,7 +89,9 @@ def info(args: argparse.Namespace) -> int:
     else:
         from nri_sst.handler import RequestHandler
 
-        backend, note = make_backend(args.backend, args.host_root, args.sim_state)
+        backend, note = make_backend(
+            args.backend, args.host_root, args.sim_state, sim_config(args.sim_config)
+        )
         if note:
             print(f"# {note}", file=sys.stderr)
         reply = RequestHandler(backend, args.host_root).discover()
