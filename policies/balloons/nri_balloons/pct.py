@@ -264,9 +264,13 @@ class PctAllocator:
             self._program()
         except Unavailable as exc:
             self._degrade(exc)
-        except PctError:
+        except PctError as exc:
+            # the helper refused to program SST: PCT is off, placement goes on
+            # (spec step 11 names these lines; the operator fixes the node and
+            # restarts the plugin)
+            log.error("%s; Priority Core Turbo is off", exc)
             self.need_program = False
-            raise
+            self.mode = ""
 
     def _discover(self) -> bool:
         """Punits from the helper, once (the topology is snapshotted, as upstream)."""
@@ -334,6 +338,13 @@ class PctAllocator:
         mode = self.wanted_mode
         if not self._discover():
             log.warning("pct: SST not supported on this host; ignoring PCT fields in cpuClasses")
+            backend = self._discovery.backend if self._discovery else "?"
+            log.warning(
+                "pct: Speed Select Technology (SST) support not detected by the SST helper "
+                "(backend %s): it cannot use /dev/isst_interface; with the Helm chart, "
+                "install with --set allowPCT=true",
+                backend,
+            )
             self.mode = ""
             self.need_program = False
             return
@@ -712,6 +723,21 @@ class PctAllocator:
                 total += max(min(pu.guaranteed_hp, (pu.cpus & self.allowed & ~held).bit_count()), 0)
             return total
         return (self.allowed & ~held).bit_count()
+
+    def log_placement(self, balloon: str, name: str, cpus: int) -> None:
+        """Where a balloon of a PCT class landed (spec step 11: "the plugin
+        log prints the punit each new balloon is assigned to")."""
+        if not self.mode or name not in self.plans or not cpus:
+            return
+        keys = sorted({k for c in cpuset.ids(cpus) if (k := self.punit_key(c)) is not None})
+        log.info(
+            "pct: balloon %s (cpuClass %s, CLOS %d) on cpus %s: %s",
+            balloon,
+            quote(name),
+            self.plans[name].clos,
+            cpuset.format(cpus),
+            ", ".join(f"pkg={p} punit={u}" for p, u in keys) or "no punit",
+        )
 
     # -- inspection ------------------------------------------------------------------------
 

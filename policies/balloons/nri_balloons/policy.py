@@ -620,6 +620,8 @@ class BalloonsPolicy:
             self._resize_cpus(bln, delta, exclude)
         finally:
             self._use_class(bln)
+        if delta > 0:
+            self.cpu_classes.pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
 
     def _resize_cpus(self, bln: Balloon, delta: int, exclude: int) -> None:
         bdef = bln.bdef

@@ -396,6 +396,7 @@ def test_sst_not_supported(caplog: pytest.LogCaptureFixture) -> None:
     assert (
         "pct: SST not supported on this host; ignoring PCT fields in cpuClasses" in caplog.messages
     )
+    assert any("Speed Select Technology (SST) support not detected" in x for x in caplog.messages)
     assert not policy.cpu_classes.pct.active
     assert admit(policy, "a", 2, "hp-bln").bit_count() == 2
 
@@ -416,3 +417,27 @@ def test_invalid_pct_errors_are_exact() -> None:
         bad = validate(doc, online_cpus=(1 << 256) - 1)
         assert bad.prepared is None
         raise BalloonsError("; ".join(bad.errors))
+
+
+def test_placement_is_logged_with_the_punit(caplog: pytest.LogCaptureFixture) -> None:
+    policy, _ = make()
+    caplog.set_level(logging.INFO, logger="cpuclass")
+    cpus = admit(policy, "pct-hp-1", 2, "hp-bln")
+    ((pkg, unit),) = punit_of(policy, cpus)
+    assert (
+        f'pct: balloon hp-bln[0] (cpuClass "hp-pct", CLOS 0) on cpus {cpuset.format(cpus)}: '
+        f"pkg={pkg} punit={unit}"
+    ) in caplog.messages
+
+
+def test_refused_programming_turns_pct_off_not_the_policy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Spec step 11: `pct: failed to prepare managed mode` in the log; pods
+    are still placed."""
+    helper = InProcessHelper(SimConfig(hwp=False))  # HWP off: CP/PP/feature sets fail
+    policy, _ = make(helper=helper)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(e.startswith("pct: failed to prepare managed mode: ") for e in errors), errors
+    assert not policy.cpu_classes.pct.active
+    assert admit(policy, "pct-hp-1", 2, "hp-bln").bit_count() == 2
