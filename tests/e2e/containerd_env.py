@@ -51,6 +51,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+_TESTS = Path(__file__).resolve().parents[1]
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+
+from _debian import apt_config, apt_env, debian_source, run  # noqa: E402
+
 PAUSE_IMAGE = "registry.k8s.io/pause:3.8"
 BUSYBOX_IMAGE = "docker.io/library/busybox:local"
 K8S_NAMESPACE = "k8s.io"
@@ -59,10 +65,7 @@ DEFAULT_CACHE = Path(
     os.environ.get("NRI_E2E_CACHE") or Path.home() / ".cache" / "nri-resource-policy" / "e2e"
 )
 
-TRIXIE_SOURCE = (
-    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
-    "http://deb.debian.org/debian trixie main\n"
-)
+TRIXIE_SOURCE = debian_source("trixie")
 TRIXIE_PACKAGES = ("containerd", "busybox-static")
 SYSTEM_PACKAGES = ("runc",)
 
@@ -82,49 +85,17 @@ def _log(msg: str) -> None:
     print(f"[containerd-env] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(
-    cmd: list[str],
-    *,
-    cwd: Path | None = None,
-    env: dict[str, str] | None = None,
-    check: bool = True,
-    timeout: float = 600,
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False
-    )
-    if check and proc.returncode != 0:
-        raise EnvError(
-            f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
-            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
-        )
-    return proc
+def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """:func:`_debian.run` raising :class:`EnvError`."""
+    return run(cmd, error=EnvError, **kw)
 
 
 # --------------------------------------------------------------------------- fetch
 
 
 def _apt_config(cache: Path) -> Path:
-    apt = cache / "apt"
-    for d in (
-        apt / "lists" / "partial",
-        apt / "cache" / "archives" / "partial",
-        apt / "sources.list.d",
-        apt / "preferences.d",
-    ):
-        d.mkdir(parents=True, exist_ok=True)
-    (apt / "sources.list").write_text(TRIXIE_SOURCE)
-    conf = apt / "apt.conf"
-    conf.write_text(
-        f'Dir::Etc::SourceList "{apt}/sources.list";\n'
-        f'Dir::Etc::SourceParts "{apt}/sources.list.d";\n'
-        f'Dir::Etc::PreferencesParts "{apt}/preferences.d";\n'
-        f'Dir::State::Lists "{apt}/lists";\n'
-        f'Dir::Cache "{apt}/cache";\n'
-        'Acquire::Languages "none";\n'
-        'APT::Sandbox::User "root";\n'
-    )
-    return conf
+    """The private trixie APT configuration under ``cache/apt`` (see :mod:`_debian`)."""
+    return apt_config(cache / "apt", TRIXIE_SOURCE)
 
 
 def _find_file(
@@ -162,7 +133,7 @@ def fetch(cache: Path | str = DEFAULT_CACHE, *, quiet: bool = False) -> dict[str
     missing_trixie = [p for p in TRIXIE_PACKAGES if not _debs(cache, p)]
     if missing_trixie:
         conf = _apt_config(cache)
-        env = dict(os.environ, APT_CONFIG=str(conf), DEBIAN_FRONTEND="noninteractive")
+        env = apt_env(conf)
         if not any((cache / "apt" / "lists").glob("*Packages*")):
             say("apt-get update (private trixie sources)")
             _run(["apt-get", "update", "-q"], env=env)
