@@ -126,9 +126,8 @@ class RequestHandler:
                     self.writer.set_cstates(cpu, names)
             except SysfsError as exc:
                 raise m.HelperError("hardware-error", str(exc)) from None
-            finally:
-                self.backend.sysfs_changed(cpus)
-            return m.SetCstatesReply(cpus=cpus, disabled=sorted(names)), True
+            # idle states change no frequency limit (sst.md §5.5.12): nothing to sync
+            return m.SetCstatesReply(cpus=cpus, disabled=sorted(names)), False
         if isinstance(req, m.SetCpufreq):
             cpus = validate.cpufreq(mc, req)
             try:

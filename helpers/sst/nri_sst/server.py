@@ -68,13 +68,16 @@ class Server:
         log.info(
             "nri-sst-helper: serving on %s (backend %s)", self.endpoint, self.handler.backend.name
         )
+        backend = self.handler.backend
         while not self.stopping:
             try:
-                events = dict(poller.poll(100))
+                events = dict(poller.poll(10 if backend.has_deferred() else 100))
             except zmq.ZMQError:
                 continue  # EINTR from a signal
             if self.sock in events:
                 self.serve_one()
+            elif backend.has_deferred():
+                backend.idle()
         return self.shutdown()
 
     def serve_one(self) -> None:
@@ -112,6 +115,7 @@ class Server:
                 code = 1
             finally:
                 self.handler.backend.sync()
+        self.handler.backend.idle()
         self.sock.close(0)
         path = ipc_path(self.endpoint)
         if path is not None:

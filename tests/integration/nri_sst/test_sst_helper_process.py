@@ -128,10 +128,15 @@ async def test_hello_discover_managed_mode_and_sigterm(helper: Helper) -> None:
         with pytest.raises(HelperRequestError) as exc:
             await c.request(m.AssociateCpus(clos=9, cpus=[0]))
         assert exc.value.code == "invalid-argument"
-    state = helper.sim_state()
-    punits = state["punits"]
-    assert isinstance(punits, dict)
-    assert all(p["cp_enable"] and p["feature_state"] == 2 for p in punits.values())
+    deadline = time.monotonic() + 5  # the helper saves its state file when idle
+    while True:
+        state = helper.sim_state()
+        punits = state["punits"]
+        assert isinstance(punits, dict)
+        if all(p["cp_enable"] and p["feature_state"] == 2 for p in punits.values()):
+            break
+        assert time.monotonic() < deadline, punits
+        time.sleep(0.02)
     helper.proc.send_signal(signal.SIGTERM)
     assert helper.proc.wait(10) == 0
     state = helper.sim_state()

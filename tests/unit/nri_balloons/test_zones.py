@@ -9,7 +9,7 @@ from msgspec.structs import replace
 from nri_balloons.plugin import Balloons
 from nri_framework import cpuset
 from nri_framework.host import PolicyHost
-from nri_framework.simulate.podspec import load_pod_dir
+from nri_framework.simulate.podspec import load_pod_file
 from nri_framework.simulate.sysfs import write_topology
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pct-managed"
@@ -26,7 +26,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> PolicyHost:
         host_root=str(root),
     )
     host.synchronize([], [])
-    for sim in load_pod_dir(EXAMPLE):
+    step5 = [EXAMPLE / f"pod-hp-{i}.yaml" for i in range(1, 5)] + [EXAMPLE / "pod-lp.yaml"]
+    for sim in (s for path in step5 for s in load_pod_file(path)):
         for i, c in enumerate(sim.containers):
             cid = f"{sim.pod.name}-{i}"
             host.create_container(sim.pod, replace(c, id=cid, pod_sandbox_id=sim.pod.id))

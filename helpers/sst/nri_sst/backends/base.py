@@ -150,5 +150,12 @@ class Backend(ABC):
     def sync(self) -> None:  # noqa: B027 - optional hook
         """Called before reads and after a request that changed anything."""
 
+    def has_deferred(self) -> bool:
+        """Work was deferred to :meth:`idle` (the server then polls sooner)."""
+        return False
+
+    def idle(self) -> None:  # noqa: B027 - optional hook
+        """No request is waiting: finish deferred work (the sim saves its state)."""
+
     def sysfs_changed(self, cpus: list[int]) -> None:  # noqa: B027 - optional hook
         """The helper wrote cpufreq/cpuidle sysfs of ``cpus`` (the sim re-reads limits)."""

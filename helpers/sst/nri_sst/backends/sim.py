@@ -119,6 +119,11 @@ class SimConfig:
         return pkg, punit, module, thread
 
 
+SAVE_INTERVAL = 0.05
+"""The state file is rewritten at most this often while requests keep coming
+(seconds); the helper's server saves the rest as soon as it is idle, and on exit."""
+
+
 def _enotty(what: str) -> OSError:
     return OSError(errno.ENOTTY, f"Inappropriate ioctl for device ({what})")
 
@@ -138,6 +143,20 @@ class SimBackend(Backend):
         self.state_file = Path(state_file) if state_file else None
         self.clock = clock
         self.sleep = sleep
+        self._stale = False
+        """A change made the frequency oracle stale (recomputed once, lazily)."""
+        self._unsaved = False
+        self._last_save = float("-inf")
+        c = self.config
+        self._loc = [c.locate(cpu) for cpu in range(c.ncpus)]
+        self._module_cpus = {
+            (pkg, pu): [
+                [self._cpu_of(pkg, pu, mod, t) for t in range(c.threads_per_core)]
+                for mod in range(c.cores_per_punit)
+            ]
+            for pkg in range(c.packages)
+            for pu in range(c.punits_per_package)
+        }
         self.machine: Machine | None = None
         self.writer: SysfsWriter | None = None
         self._limits: dict[int, tuple[int, int]] = {}
@@ -201,6 +220,8 @@ class SimBackend(Backend):
         }
 
     def save(self) -> None:
+        self._unsaved = False
+        self._last_save = time.monotonic()
         if self.state_file is None:
             return
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
@@ -257,8 +278,18 @@ class SimBackend(Backend):
 
     def sync(self) -> None:
         self._advance()
-        self._recompute()
-        self.save()
+        if self._stale:
+            self._recompute()
+        self._unsaved = True
+        if time.monotonic() - self._last_save >= SAVE_INTERVAL:
+            self.save()
+
+    def has_deferred(self) -> bool:
+        return self._unsaved
+
+    def idle(self) -> None:
+        if self._unsaved:
+            self.save()
 
     def tsc_mhz(self) -> int:
         return self.config.tsc_mhz
@@ -355,7 +386,7 @@ class SimBackend(Backend):
         # Kernel-faithful: enable=2 spills into the priority bit (§1.7).
         pu["cp_ordered"] = bool(int(ordered) & 1 or int(enable) & 2)
         self._log("cp", pkg=package, punit=punit, enable=pu["cp_enable"], ordered=pu["cp_ordered"])
-        self._recompute()
+        self._stale = True
 
     def clos_param_get(self, package: int, punit: int, clos: int) -> ClosParam:
         pu = self._punit(package, punit)
@@ -380,7 +411,7 @@ class SimBackend(Backend):
         self._advance()
         pu["clos"][clos] = [(reg >> 8) & 0xFF, (reg >> 16) & 0xFF, (reg >> 4) & 0xF]
         self._log("clos-param", pkg=package, punit=punit, clos=clos, min=lo * 100, max=hi * 100)
-        self._recompute()
+        self._stale = True
 
     def clos_assoc_get(self, package: int, punit: int, core: int) -> int:
         pu = self._punit(package, punit)
@@ -403,7 +434,7 @@ class SimBackend(Backend):
                 pu["assoc"][core] = clos & 0x3 if self.config.strict else clos & 0xF
             self._log("clos-assoc", pkg=package, punit=punit, n=len(assoc))
         finally:  # entries before a failing one stay applied (§1.1)
-            self._recompute()
+            self._stale = True
 
     def perf_set_feature(self, package: int, punit: int, feature: int) -> None:
         pu = self._punit(package, punit)
@@ -425,7 +456,7 @@ class SimBackend(Backend):
         pu["feature_state"] = state
         pu["feature_error"] = error
         self._log("feature", pkg=package, punit=punit, feature=feature, state=state)
-        self._recompute()
+        self._stale = True
 
     def perf_set_level(self, package: int, punit: int, level: int) -> None:
         """``PERF_SET_LEVEL`` (§5.5.9); not used by the helper's requests yet."""
@@ -443,7 +474,7 @@ class SimBackend(Backend):
         pu["current_level"] = level
         pu["feature_state"] = 0
         self._log("level", pkg=package, punit=punit, level=level)
-        self._recompute()
+        self._stale = True
 
     def read_msr(self, cpu: int, msr: int) -> int:
         if self.machine is not None and cpu not in self.machine.online:
@@ -468,7 +499,10 @@ class SimBackend(Backend):
     # ------------------------------------------------------------------ the model
 
     def _advance(self) -> None:
-        """Advance TSC/MPERF/APERF to now at the frequencies computed last."""
+        """Advance TSC/MPERF/APERF to now at the frequencies in effect since the
+        last change (recomputed first when a change made them stale)."""
+        if self._stale:
+            self._recompute()
         now = self.clock()
         us = int((now - float(self.state["clock"])) * 1_000_000)
         if us <= 0:
@@ -494,30 +528,25 @@ class SimBackend(Backend):
 
     def _recompute(self) -> None:
         """The frequency oracle (§5.5.12) for every CPU."""
+        self._stale = False
         c = self.config
         cpus = self.state["cpus"]
         no_turbo = self.machine.no_turbo if self.machine is not None else False
         per_punit: dict[tuple[int, int], tuple[bool, int | None, int]] = {}
-        for pkg in range(c.packages):
-            for pu_id in range(c.punits_per_package):
-                pu = self._punit(pkg, pu_id)
-                hp = sum(1 for m in range(c.cores_per_punit) if pu["assoc"][m] == 0)
-                bucket = next((b for b, n in enumerate(c.tf_buckets) if hp <= n), None)
-                active = sum(
-                    1
-                    for m in range(c.cores_per_punit)
-                    if any(
-                        cpus["load"][self._cpu_of(pkg, pu_id, m, t)] > 0
-                        for t in range(c.threads_per_core)
-                    )
-                )
-                trl = next(
-                    (f for n, f in zip(c.trl_buckets, c.trl_mhz, strict=False) if active <= n),
-                    c.trl_mhz[-1],
-                )
-                per_punit[(pkg, pu_id)] = (self.tf_effective(pkg, pu_id), bucket, trl)
+        load = cpus["load"]
+        for (pkg, pu_id), modules in self._module_cpus.items():
+            pu = self._punit(pkg, pu_id)
+            assoc = pu["assoc"]
+            hp = sum(1 for m in range(c.cores_per_punit) if assoc[m] == 0)
+            bucket = next((b for b, n in enumerate(c.tf_buckets) if hp <= n), None)
+            active = sum(1 for threads in modules if any(load[t] > 0 for t in threads))
+            trl = next(
+                (f for n, f in zip(c.trl_buckets, c.trl_mhz, strict=False) if active <= n),
+                c.trl_mhz[-1],
+            )
+            per_punit[(pkg, pu_id)] = (self.tf_effective(pkg, pu_id), bucket, trl)
         for cpu in range(c.ncpus):
-            pkg, pu_id, module, _ = c.locate(cpu)
+            pkg, pu_id, module, _ = self._loc[cpu]
             pu = self.state["punits"][f"{pkg}/{pu_id}"]
             smin, smax = self._limits.get(cpu, (c.cpuinfo_min_khz, c.cpuinfo_max_khz))
             smin_mhz, smax_mhz = smin // 1000, smax // 1000
@@ -546,4 +575,6 @@ class SimBackend(Backend):
 
     def expected_mhz(self, cpu: int) -> int:
         """Bzy MHz under load (the oracle's ``max_mhz``)."""
+        if self._stale:
+            self._recompute()
         return int(self.state["cpus"]["max_mhz"][cpu])
