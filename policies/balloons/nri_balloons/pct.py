@@ -227,12 +227,14 @@ class PctAllocator:
             # the same plan on the same helper: SST stays as programmed (no
             # PrepareManagedMode that would put every CPU on CLOS 0 meanwhile);
             # the caller assigns every CPU's class again
-            log.debug("pct: SST already programmed for this plan; keeping it")
+            log.debug("pct: SST already set up for this plan; keeping it")
             self.want = {}
             self.class_of = {}
             self.hp_used = {}
             self.pending = 0
             return
+        if self.mode == "managed" and mode != "managed":
+            self._reset_managed()
         self._programmed_key = key
         self.plans = plans
         self.allowed = allowed
@@ -271,6 +273,20 @@ class PctAllocator:
             log.error("%s; Priority Core Turbo is off", exc)
             self.need_program = False
             self.mode = ""
+
+    def _reset_managed(self) -> None:
+        """The new configuration has no managed PCT: return SST to its reset
+        state (what the helper also does when it stops in managed mode)."""
+        try:
+            reply = self._request(m.Teardown(), DISCOVER_TIMEOUT)
+        except (Unavailable, Refused) as exc:
+            log.warning("pct: managed mode left, but SST could not be reset: %s", exc)
+            return
+        assert isinstance(reply, m.TeardownReply)
+        log.info(
+            "pct: managed mode left; SST reset (CPReset, TFDisable, CPDisable) on %d punit(s)",
+            reply.punits,
+        )
 
     def _discover(self) -> bool:
         """Punits from the helper, once (the topology is snapshotted, as upstream)."""

@@ -441,3 +441,23 @@ def test_refused_programming_turns_pct_off_not_the_policy(
     assert any(e.startswith("pct: failed to prepare managed mode: ") for e in errors), errors
     assert not policy.cpu_classes.pct.active
     assert admit(policy, "pct-hp-1", 2, "hp-bln").bit_count() == 2
+
+
+def test_leaving_managed_mode_resets_sst(caplog: pytest.LogCaptureFixture) -> None:
+    policy, helper = make()
+    admit(policy, "pct-hp-1", 2, "hp-bln")
+    assert all(pu.cp.enabled for pu in helper.punit_state())
+    plain = SPEC.read_text()
+    for field in ("    pctPriority: high\n", "    pctPriority: low\n"):
+        plain = plain.replace(field, "")
+    for field in ("    pctMinFreq: base\n", "    pctMaxFreq: turbo\n"):
+        plain = plain.replace(field, "")
+    plain = plain.replace("    pctMinFreq: min\n", "").replace("    pctMaxFreq: base\n", "")
+    result = validate(load_policy(plain), online_cpus=policy.topology.online)
+    assert result.prepared is not None, result.errors
+    caplog.set_level(logging.INFO, logger="cpuclass")
+    assert policy.reconfigure(result.prepared, []) in ("classes", "placement")
+    assert policy.cpu_classes.commit()
+    assert any(x.startswith("pct: managed mode left; SST reset") for x in caplog.messages)
+    assert not any(pu.cp.enabled or pu.tf.enabled for pu in helper.punit_state())
+    assert not policy.cpu_classes.pct.active
