@@ -9,11 +9,16 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nri_framework import __version__, logsetup
 from nri_framework.host import PolicyHost
+from nri_framework.instrumentation import parse_address, start_instrumentation
 from nri_framework.registry import PolicyNotFound, list_policies, load_policy
 from nri_framework.stub import DEFAULT_SOCKET, PluginStub, StubOptions
+
+if TYPE_CHECKING:
+    from nri_framework.agent.options import AgentOptions
 
 log = logging.getLogger("nri_framework.cli")
 
@@ -38,24 +43,35 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--config-namespace",
         default="",
-        help="namespace of the policy's custom resources (Kubernetes config source: not yet)",
+        help="take the configuration from the policy's custom resources (BalloonsPolicy "
+        "node.$NODE_NAME > group.<label> > default) in this namespace, report status there, "
+        "publish NodeResourceTopology and extended resources; default: kube-system in a pod "
+        "(KUBERNETES_SERVICE_HOST set), else no cluster access. Unused with --config-file",
     )
     p.add_argument("--config-group-label", default="config.nri/group")
+    p.add_argument(
+        "--kubeconfig",
+        default="",
+        help="kubeconfig file for the agent; default: the pod's service account in a "
+        "cluster, else $KUBECONFIG or ~/.kube/config",
+    )
     p.add_argument(
         "--sst-helper",
         default="",
         help="the SST helper's socket (ipc://PATH): cpuClasses are applied through it; "
         "without it they are only logged",
     )
+    p.add_argument(
+        "--metrics-address",
+        default="",
+        help="serve /healthz, /metrics and /debug/state over HTTP at HOST:PORT (':PORT': "
+        "every interface, as the chart's config.instrumentation.httpEndpoint ':8891'); "
+        "empty (default): not served",
+    )
     p.add_argument("--log-level", default="info")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.config_namespace:
-        log.warning(
-            "--config-namespace %s: the Kubernetes config source is not implemented yet; ignored",
-            args.config_namespace,
-        )
     try:
         policy = load_policy(args.policy)
     except PolicyNotFound as exc:
@@ -69,9 +85,20 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts.validate()
+        if args.metrics_address:
+            parse_address(args.metrics_address)
     except ValueError as exc:
         print(f"nri-resource-policy: {exc}", file=sys.stderr)
         return 2
+    from nri_framework.agent.options import agent_options
+
+    agent = agent_options(
+        config_file=args.config_file,
+        namespace=args.config_namespace,
+        group_label=args.config_group_label,
+        kubeconfig=args.kubeconfig,
+        environ=os.environ,
+    )
     host = PolicyHost(
         args.policy,
         policy,
@@ -83,10 +110,20 @@ def run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         host_root=args.host_root,
     )
-    return asyncio.run(serve(host, opts, args.config_file))
+    return asyncio.run(serve(host, opts, args.config_file, args.metrics_address, agent=agent))
 
 
-async def serve(host: PolicyHost, opts: StubOptions, config_file: str = "") -> int:
+async def serve(
+    host: PolicyHost,
+    opts: StubOptions,
+    config_file: str = "",
+    metrics_address: str = "",
+    *,
+    agent: AgentOptions | None = None,
+) -> int:
+    """Serve the runtime until SIGTERM/SIGINT. With ``agent``, the Kubernetes
+    agent runs too and the policy's first configuration comes from the
+    cluster: registration with the runtime waits for it."""
     stub = PluginStub(host, opts)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -110,9 +147,27 @@ async def serve(host: PolicyHost, opts: StubOptions, config_file: str = "") -> i
         f"pre-launched (fd {opts.fd})" if opts.fd is not None else f"external ({opts.socket_path})"
     )
     log.info("nri-resource-policy %s starting policy %s, %s", __version__, host.policy_name, mode)
+    instrumentation = await start_instrumentation(host, stub, metrics_address)
+    k8s = None
     try:
+        if agent is not None:
+            from nri_framework.agent.agent import Agent
+
+            k8s = Agent(host, agent)
+            try:
+                await k8s.start()
+            except Exception as exc:
+                log.error("cannot start the Kubernetes agent: %s", exc)
+                return 1
+            log.info("waiting for the configuration from the cluster...")
+            if not await k8s.wait_configured(stub.stopping):
+                return 0
         return await stub.run()
     finally:
+        if k8s is not None:
+            await k8s.stop()
+        if instrumentation is not None:
+            await instrumentation.close()
         host.shutdown()
 
 
@@ -138,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate", help="run Pod YAML through the runtime simulator", add_help=False
     )
     sim.add_argument("rest", nargs=argparse.REMAINDER)
+    inspect = sub.add_parser(
+        "inspect", help="print a running plugin's balloons, containers and CPUs", add_help=False
+    )
+    inspect.add_argument("rest", nargs=argparse.REMAINDER)
     demo = sub.add_parser("demo", help="run a demo scenario", add_help=False)
     demo.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -154,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         from nri_balloons.validate_cli import main as validate_main
 
         rc = validate_main(argv[1:])
+        return rc
+    if argv and argv[0] == "inspect":
+        from nri_framework.inspect import main as inspect_main
+
+        rc = inspect_main(argv[1:])
         return rc
     if argv and argv[0] == "demo":
         from nri_framework.demo import main as demo_main

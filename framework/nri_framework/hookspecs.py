@@ -34,6 +34,7 @@ from nri_framework.model import Event
 
 if TYPE_CHECKING:
     from nri_framework.host import PolicyHost
+    from nri_framework.instrumentation import MetricFamily
     from nri_framework.model import (
         Container,
         CreateResult,
@@ -114,6 +115,33 @@ def policy_extended_resources() -> dict[str, int | None] | None:
 
     Called by the agent after changes (off the reply path). ``None`` when the
     policy has no opinion.
+    """
+
+
+@hookspec
+def policy_collect_metrics() -> list[MetricFamily] | None:
+    """The policy's metrics, on every scrape of ``/metrics``.
+
+    Called on the NRI event loop between requests (never during one), so it
+    reads the policy's state without locks; keep it cheap (no I/O). Return
+    plain data: :class:`~nri_framework.instrumentation.MetricFamily` values,
+    each exported as ``nri_policy_<name>_<unit>`` (the host owns
+    ``prometheus_client``). Every implementation is called; ``None`` or
+    ``[]`` contributes nothing. A family whose samples come and go (one per
+    balloon) is simply built anew on each call.
+    """
+
+
+@hookspec(firstresult=True)
+def policy_inspect() -> dict[str, Any] | None:
+    """The policy's state for ``/debug/state`` and ``nri-resource-policy inspect``.
+
+    Called like :func:`policy_collect_metrics`. Return a JSON-able dict
+    (strings, numbers, booleans, ``None``, lists, dicts). ``inspect`` prints
+    every value that is a list of dicts as a table titled by its key (columns:
+    the keys of the rows, scalars first, in order of first appearance), and a
+    ``containers`` dict ``{container id: {column: value}}`` as extra columns of
+    its container table. ``None`` when the policy has nothing to show.
     """
 
 

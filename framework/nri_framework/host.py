@@ -311,20 +311,25 @@ class PolicyHost:
     async def reconfigure(self, config: str, source: str) -> bool:
         """Hand a new configuration to the policy; push what moved. False when
         the policy rejected it (logged; the running configuration stays)."""
+        return await self.try_reconfigure(config, source) is None
+
+    async def try_reconfigure(self, config: str, source: str) -> PolicyError | None:
+        """:meth:`reconfigure`, returning the policy's rejection (``None`` when
+        applied): the agent reports its text in the custom resource's status."""
         try:
             updates = self.hook.policy_reconfigure(config=config, source=source) or []
         except PolicyError as exc:
             log.error(
                 "config update from %s failed, keeping the running configuration: %s", source, exc
             )
-            return False
+            return exc
         log.info("config update from %s applied, %d container(s) to update", source, len(updates))
         self.changed()
         if updates and self._update_sender is not None:
             failed = await self.update_containers(updates)
             if failed:
                 log.warning("runtime failed to update %d container(s)", len(failed))
-        return True
+        return None
 
     def shutdown(self) -> None:
         self.hook.policy_shutdown()

@@ -60,3 +60,24 @@ def value(quantity: str | int | float) -> int:
 def milli_value(quantity: str | int | float) -> int:
     """``Quantity.MilliValue()``: thousandths, rounded up (milli-CPU for cpu)."""
     return math.ceil(parse_quantity(quantity) * 1000)
+
+
+_SUFFIXES = tuple(sorted(((e, s) for s, e in _DECIMAL.items()), reverse=True))
+
+
+def format_quantity(quantity: Fraction | int) -> str:
+    """A quantity as Kubernetes prints it (``Quantity.String()``, DecimalSI):
+    the largest power-of-1000 suffix that keeps the number whole, at least
+    nano units (finer amounts round up): ``2`` -> ``"2"``, ``3/2`` ->
+    ``"1500m"``, ``1000`` -> ``"1k"``, ``1500`` -> ``"1500"``, ``0`` -> ``"0"``.
+    """
+    amount = Fraction(quantity)
+    if amount == 0:
+        return "0"
+    sign = "-" if amount < 0 else ""
+    nanos = math.ceil(abs(amount) * 10**9)
+    for exponent, suffix in _SUFFIXES:
+        unit = 10 ** (exponent + 9)
+        if nanos % unit == 0:
+            return f"{sign}{nanos // unit}{suffix}"
+    raise AssertionError("unreachable: every whole number of nanos has a suffix")

@@ -1,6 +1,7 @@
 """Benchmark: the balloons policy's CreateContainer decision and the plugin end to end.
 
-Prints figures beside the targets; asserts nothing.
+Prints figures beside the targets; asserts nothing (with ``NRI_BENCH_OUT``
+set they are also written there for ``report.py``).
 
 * decision: ``PolicyHost.create_container`` with the balloons policy (type
   choice, fill chain, resize, pinning of every affected container) on the
@@ -22,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import Figure, pct, write
 from nri_balloons.plugin import Balloons
 from nri_framework.host import PolicyHost
 from nri_framework.model import Container, CpuResources, Pod, Resources
@@ -47,11 +49,6 @@ spec:
     preferNewBalloons: true
     preferSpreadingPods: true
 """
-
-
-def pct(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def pod(i: int, grp: int | None) -> Pod:
@@ -149,27 +146,49 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=300)
     args = parser.parse_args()
-    rows: list[tuple[str, str, str]] = []
-
-    def row(name: str, value: str, target: str = "") -> None:
-        rows.append((name, value, target))
-
+    rows: list[Figure] = []
+    xeon = "6776P, 500 containers / 60 balloons"
     p50, p99 = decision(XEON_6776P, 500, 60, args.cycles)
-    row("decision p50, 6776P, 500 containers / 60 balloons", f"{p50 * 1e3:.2f} ms")
-    row("decision p99, 6776P, 500 containers / 60 balloons", f"{p99 * 1e3:.2f} ms", "<= 2 ms")
+    rows.append(Figure("balloons.decision_p50", f"balloons decision p50, {xeon}", p50 * 1e3, "ms"))
+    rows.append(
+        Figure("balloons.decision_p99", f"balloons decision p99, {xeon}", p99 * 1e3, "ms", 2)
+    )
     for spec, n in ((N4C16, 16), (XEON_6776P, 256), (S8C4K_FULL, 4096)):
         p50, _ = decision(spec, 40, 10, max(50, args.cycles // 3))
-        row(f"decision p50 at {n} CPUs (40 containers)", f"{p50 * 1e3:.2f} ms", "grows <= CPUs")
+        rows.append(
+            Figure(
+                f"balloons.decision_p50_{n}cpus",
+                f"decision p50 at {n} CPUs (40 containers)",
+                p50 * 1e3,
+                "ms",
+                note="grows no faster than the CPU count",
+            )
+        )
     e2e = asyncio.run(end_to_end(args.cycles, 500, 1000))
-    row("round trip p50 through the simulator", f"{e2e['rt_p50'] * 1e3:.2f} ms")
-    row("round trip p99 through the simulator", f"{e2e['rt_p99'] * 1e3:.2f} ms", "<= 3 ms")
+    sim = "through the simulator, 6776P"
+    rows.append(
+        Figure("balloons.rt_p50", f"balloons round trip p50 {sim}", e2e["rt_p50"] * 1e3, "ms")
+    )
+    rows.append(
+        Figure("balloons.rt_p99", f"balloons round trip p99 {sim}", e2e["rt_p99"] * 1e3, "ms", 3)
+    )
     n = int(e2e["containers"])
-    row(f"Synchronize of {n} containers", f"{e2e['sync'] * 1e3:.0f} ms", "<= 500 ms")
-    row("plugin RSS", f"{e2e['rss_mb']:.0f} MB", "<= 80 MB")
+    rows.append(
+        Figure(
+            "balloons.sync_1000",
+            f"balloons: Synchronize of {n} containers",
+            e2e["sync"] * 1e3,
+            "ms",
+            500,
+        )
+    )
+    rows.append(Figure("balloons.plugin_rss", "balloons plugin RSS", e2e["rss_mb"], "MB", 80))
     print("\nballoons benchmark (plugin and policy; figures measured now)")
-    width = max(len(r[0]) for r in rows)
-    for name, value, target in rows:
-        print(f"{name.ljust(width)}  {value:>10}  {target}")
+    width = max(len(f.name) for f in rows)
+    for f in rows:
+        target = f"<= {f.target:g} {f.unit}" if f.target is not None else f.note
+        print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}  {target}")
+    write("balloons", rows, "balloons policy and plugin")
     return 0
 
 

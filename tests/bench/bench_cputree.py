@@ -1,6 +1,7 @@
 """Benchmark: the balloons CPU tree allocator (``CpuTreeAllocator.resize``).
 
-Prints figures; asserts nothing about speed. Target: a resize decision of about
+Prints figures; asserts nothing about speed (with ``NRI_BENCH_OUT`` set they
+are also written there for ``report.py``). Target: a resize decision of about
 1 ms at 256 CPUs, growing no faster than the CPU count.
 
 Machines: ``n4c16`` (16 CPUs), the dual-socket Xeon 6776P (256 CPUs) and an
@@ -29,6 +30,7 @@ for _p in ("framework", "policies/balloons"):
     if str(_REPO / _p) not in sys.path:
         sys.path.insert(0, str(_REPO / _p))
 
+from _results import Figure, write  # noqa: E402
 from nri_balloons.cputree import CpuTreeAllocator  # noqa: E402
 from nri_framework.simulate.sysfs import N4C16, XEON_6776P, TopologySpec, write_topology  # noqa: E402
 from nri_framework.topology import Topology  # noqa: E402
@@ -48,11 +50,12 @@ def allocator(topo: Topology, mode: tuple[bool, bool]) -> CpuTreeAllocator:
     )
 
 
-def _us(samples: list[float]) -> str:
+def _p50_p99(samples: list[float]) -> tuple[float, float]:
+    """Microseconds."""
     samples = sorted(samples)
     p50 = statistics.median(samples) * 1e6
     p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1e6
-    return f"p50 {p50:8.0f} us  p99 {p99:8.0f} us"
+    return p50, p99
 
 
 def bench(topo: Topology, mode: tuple[bool, bool], rounds: int) -> dict[str, list[float]]:
@@ -83,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args()
+    worst: dict[int, tuple[float, float]] = {}  # CPUs -> worst (p50, p99) over modes and ops
     with tempfile.TemporaryDirectory(prefix="bench-cputree-") as tmp:
         for spec in (N4C16, XEON_6776P, S8C4K_FULL):
             t0 = time.perf_counter()
@@ -94,8 +98,37 @@ def main() -> None:
             for name, mode in MODES.items():
                 allocator(topo, mode)  # build the (cached) tree outside timing
                 for what, samples in bench(topo, mode, rounds).items():
-                    print(f"  {name:9s} {what:8s} {_us(samples)}")
+                    p50, p99 = _p50_p99(samples)
+                    print(f"  {name:9s} {what:8s} p50 {p50:8.0f} us  p99 {p99:8.0f} us")
+                    w50, w99 = worst.get(ncpus, (0.0, 0.0))
+                    worst[ncpus] = (max(w50, p50), max(w99, p99))
     print("target: ~1000 us at 256 CPUs, growing no faster than the CPU count")
+    figures = [
+        Figure(f"cputree.resize_p50_{n}cpus", f"resize p50 at {n} CPUs (worst mode/op)", w50, "us")
+        for n, (w50, _) in sorted(worst.items())
+    ]
+    if 256 in worst:
+        figures.append(
+            Figure(
+                "cputree.resize_p50_256cpus_target",
+                "CPU tree resize p50 at 256 CPUs (worst mode/op)",
+                worst[256][0],
+                "us",
+                1000,
+                f"p99 {worst[256][1]:.0f} us",
+            )
+        )
+    if 256 in worst and 4096 in worst:
+        figures.append(
+            Figure(
+                "cputree.growth_4096_vs_256",
+                "resize p50 growth 256 -> 4096 CPUs (CPU count grows 16x)",
+                worst[4096][0] / worst[256][0],
+                "x",
+                16,
+            )
+        )
+    write("cputree", figures, "CpuTreeAllocator.resize, n4c16 / Xeon 6776P / s8c4k-like")
 
 
 if __name__ == "__main__":

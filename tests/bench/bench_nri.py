@@ -1,7 +1,8 @@
 """Benchmark: the plugin process driven by the runtime simulator over a unix socket.
 
 Prints figures; asserts nothing about speed (targets are printed beside the
-measured values). Topology: 256 CPUs; policy: the small ``pinner``.
+measured values; with ``NRI_BENCH_OUT`` set they are also written there for
+``report.py``). Topology: 256 CPUs; policy: the small ``pinner``.
 
 * CreateContainer round trip as the runtime sees it (request written ->
   answer parsed), p50/p99, with 500 containers already running;
@@ -20,17 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _results import Figure, pct, write
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, ScenarioPaths, plugin_command
 from nri_framework.simulate.sysfs import write_cpu_tree
 
 NCPUS = 256
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def shared(name: str) -> Container:
@@ -45,8 +42,8 @@ async def fill(rt: SimulatedRuntime, n: int, prefix: str) -> str:
     return pod.id
 
 
-async def bench(creates: int, existing: int, sync_n: int) -> list[tuple[str, str, str]]:
-    rows: list[tuple[str, str, str]] = []
+async def bench(creates: int, existing: int, sync_n: int) -> list[Figure]:
+    rows: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="nri-bench-") as tmp:
         work = Path(tmp)
         host = work / "host"
@@ -66,9 +63,27 @@ async def bench(creates: int, existing: int, sync_n: int) -> list[tuple[str, str
                 await rt.remove_container(c.id)
             times = rt.call_times("CreateContainer")[base:]
             p50, p99 = pct(times, 0.50) * 1e6, pct(times, 0.99) * 1e6
-            rows.append(("CreateContainer round trip p50", f"{p50:.0f} us", "<= 300 us"))
-            rows.append(("CreateContainer round trip p99", f"{p99:.0f} us", "<= 1000 us"))
-            rows.append(("  (samples, existing containers)", f"{len(times)}, {existing}", ""))
+            ctx = f"pinner, {len(times)} samples, {existing} containers running"
+            rows.append(
+                Figure(
+                    "nri.create_rt_p50",
+                    "pinner: CreateContainer round trip p50",
+                    p50,
+                    "us",
+                    300,
+                    ctx,
+                )
+            )
+            rows.append(
+                Figure(
+                    "nri.create_rt_p99",
+                    "pinner: CreateContainer round trip p99",
+                    p99,
+                    "us",
+                    1000,
+                    ctx,
+                )
+            )
 
             # Synchronize: the runtime restarts holding sync_n containers
             await fill(rt, sync_n - len(rt.containers), "sync")
@@ -76,14 +91,21 @@ async def bench(creates: int, existing: int, sync_n: int) -> list[tuple[str, str
             await rt.start()
             await rt.wait_plugins(1, 30)
             sync = rt.call_times("Synchronize")[-1]
+            n = len(rt.containers)
             rows.append(
-                (
-                    f"Synchronize of {len(rt.containers)} containers",
-                    f"{sync * 1e3:.1f} ms",
-                    "<= 150 ms",
+                Figure(
+                    "nri.sync_1000",
+                    f"pinner: Synchronize of {n} containers",
+                    sync * 1e3,
+                    "ms",
+                    150,
+                    "pinner",
                 )
             )
-            rows.append(("  CreateContainer mean", f"{statistics.mean(times) * 1e6:.0f} us", ""))
+            mean = statistics.mean(times) * 1e6
+            rows.append(
+                Figure("nri.create_rt_mean", "pinner: CreateContainer round trip mean", mean, "us")
+            )
         finally:
             await rt.stop()
             await plugin.stop()
@@ -98,10 +120,12 @@ def main() -> int:
     args = parser.parse_args()
     rows = asyncio.run(bench(args.creates, args.existing, args.sync))
     print(f"\nNRI benchmark: pinner policy, {NCPUS}-CPU topology, plugin in its own process")
-    width = max(len(r[0]) for r in rows)
+    width = max(len(f.name) for f in rows)
     print(f"{'measure'.ljust(width)}  {'measured':>14}  target")
-    for name, value, target in rows:
-        print(f"{name.ljust(width)}  {value:>14}  {target}")
+    for f in rows:
+        target = f"<= {f.target:g} {f.unit}" if f.target is not None else ""
+        print(f"{f.name.ljust(width)}  {f.value:>11.1f} {f.unit:<2}  {target}")
+    write("nri", rows, f"pinner policy, {NCPUS}-CPU topology, plugin in its own process")
     return 0
 
 

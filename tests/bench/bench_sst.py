@@ -1,7 +1,8 @@
 """Benchmark: the SST helper process (sim backend, Xeon 6776P) over an ipc socket.
 
 Prints figures; asserts nothing about speed (targets are printed beside the
-measured values):
+measured values; with ``NRI_BENCH_OUT`` set they are also written there for
+``report.py``):
 
 * helper round trip (GetClosConfig, the smallest request that reaches the
   backend) as the asyncio client sees it, p50/p99 (target p50 <= 150 us);
@@ -19,16 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from _results import Figure, pct, write
 from nri_framework.simulate.sysfs import write_topology
 from nri_sst import messages as m
 from nri_sst.client import HelperClient, SyncHelperClient
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def rss_mb(pid: int) -> float:
@@ -38,24 +37,63 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def measure(endpoint: str, rounds: int) -> tuple[list[float], list[float]]:
+@dataclass(frozen=True)
+class Measure:
+    """One request type timed over the asyncio client, in PCT managed mode.
+
+    The rows of the report are these: a later PCT path (ConfigureClos, a
+    whole class change) is one more entry of :data:`MEASURES`."""
+
+    key: str
+    name: str
+    request: Callable[[int], m.Request]
+    """The ``i``-th request."""
+    reply: type[m.Reply]
+    unit: str
+    """``us`` or ``ms``"""
+    share: int = 1
+    """Rounds = ``--rounds`` // share (at least 20)."""
+    p50_target: float | None = None
+
+
+ALL_CPUS = list(range(256))
+MEASURES = [
+    Measure(
+        "rt_async",
+        "round trip, asyncio client (GetClosConfig)",
+        lambda i: m.GetClosConfig(clos=0),
+        m.GetClosConfigReply,
+        "us",
+    ),
+    Measure(
+        "associate_256",
+        "AssociateCpus of 256 CPUs (sim)",
+        lambda i: m.AssociateCpus(clos=3 if i % 2 else 0, cpus=ALL_CPUS),
+        m.AssociateCpusReply,
+        "ms",
+        share=20,
+        p50_target=5,
+    ),
+]
+SCALE = {"us": 1e6, "ms": 1e3}
+
+
+async def measure(endpoint: str, rounds: int) -> dict[str, list[float]]:
+    """Samples (seconds) of every :data:`MEASURES` entry, by key."""
     async with HelperClient(endpoint, timeout=2.0) as c:
         await c.call(m.Hello(protocol=1), m.HelloReply)
         await c.call(m.PrepareManagedMode(), m.PrepareManagedModeReply)
         await c.call(m.EnableCP(), m.EnableCPReply)
-        rt: list[float] = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            await c.call(m.GetClosConfig(clos=0), m.GetClosConfigReply)
-            rt.append(time.perf_counter() - t0)
-        assoc: list[float] = []
-        cpus = list(range(256))
-        for i in range(max(rounds // 20, 20)):
-            t0 = time.perf_counter()
-            await c.call(m.AssociateCpus(clos=3 if i % 2 else 0, cpus=cpus), m.AssociateCpusReply)
-            assoc.append(time.perf_counter() - t0)
+        out: dict[str, list[float]] = {}
+        for what in MEASURES:
+            samples = out[what.key] = []
+            for i in range(max(rounds // what.share, 20)):
+                req = what.request(i)
+                t0 = time.perf_counter()
+                await c.call(req, what.reply)
+                samples.append(time.perf_counter() - t0)
         await c.call(m.Teardown(), m.TeardownReply)
-        return rt, assoc
+        return out
 
 
 def measure_sync(endpoint: str, rounds: int) -> list[float]:
@@ -100,27 +138,49 @@ def main() -> int:
             deadline = time.monotonic() + 30
             while not sock.exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
-            rt, assoc = asyncio.run(measure(f"ipc://{sock}", args.rounds))
+            timed = asyncio.run(measure(f"ipc://{sock}", args.rounds))
             rt_sync = measure_sync(f"ipc://{sock}", args.rounds)
             rss = rss_mb(proc.pid)
         finally:
             proc.terminate()
             proc.wait(10)
     state = "with" if args.state_file else "without"
+    figures = [
+        Figure(
+            "sst.rt_sync_p50",
+            "helper round trip p50, blocking client (the plugin's path), ipc",
+            pct(rt_sync, 0.5) * 1e6,
+            "us",
+            150,
+            f"n={len(rt_sync)}",
+        ),
+        Figure(
+            "sst.rt_sync_p99",
+            "helper round trip p99, blocking client",
+            pct(rt_sync, 0.99) * 1e6,
+            "us",
+        ),
+    ]
+    for what in MEASURES:
+        samples, scale = timed[what.key], SCALE[what.unit]
+        for q, target in ((0.5, what.p50_target), (0.99, None)):
+            figures.append(
+                Figure(
+                    f"sst.{what.key}_p{int(q * 100)}",
+                    f"{what.name} p{int(q * 100)}",
+                    pct(samples, q) * scale,
+                    what.unit,
+                    target,
+                    f"n={len(samples)}",
+                )
+            )
+    figures.append(Figure("sst.helper_rss", "helper RSS", rss, "MB", 35))
     print(f"sst helper (sim backend, xeon-6776p, {state} --sim-state)")
-    print(
-        f"  round trip, blocking client p50 {pct(rt_sync, 0.5) * 1e6:6.0f} us  "
-        f"p99 {pct(rt_sync, 0.99) * 1e6:7.0f} us   (target p50 <= 150 us, n={len(rt_sync)})"
-    )
-    print(
-        f"  round trip, asyncio client  p50 {pct(rt, 0.5) * 1e6:6.0f} us  "
-        f"p99 {pct(rt, 0.99) * 1e6:7.0f} us   (n={len(rt)})"
-    )
-    print(
-        f"  AssociateCpus 256 CPUs     p50 {pct(assoc, 0.5) * 1e3:7.2f} ms  "
-        f"p99 {pct(assoc, 0.99) * 1e3:7.2f} ms   (target <= 5 ms, n={len(assoc)})"
-    )
-    print(f"  helper RSS                 {rss:7.1f} MB                  (target <= 35 MB)")
+    width = max(len(f.name) for f in figures)
+    for f in figures:
+        target = f"(target <= {f.target:g} {f.unit})" if f.target is not None else ""
+        print(f"  {f.name.ljust(width)}  {f.value:9.2f} {f.unit:<2}  {target}  {f.note}".rstrip())
+    write("sst", figures, f"sst helper, sim backend, xeon-6776p, {state} --sim-state")
     return 0
 
 

@@ -229,6 +229,8 @@ def test_plugin_command_line(fixture: str, request: pytest.FixtureRequest) -> No
         NAMESPACE,
         "--sst-helper",
         SOCKET,
+        "--metrics-address",
+        ":8891",
     ]
     assert plugin["env"][0] == {
         "name": "NODE_NAME",
@@ -293,12 +295,16 @@ def test_no_http_endpoint_means_no_probes() -> None:
     assert "prometheus.io/port" not in ds["spec"]["template"]["metadata"]["annotations"]
     plugin = container(ds["spec"]["template"]["spec"], PLUGIN)
     assert "ports" not in plugin and "livenessProbe" not in plugin
+    assert "--metrics-address" not in plugin["args"]
 
 
 def test_other_port() -> None:
     docs = render({"config": {"instrumentation": {"httpEndpoint": "0.0.0.0:9000"}}})
     plugin = container(pod_spec(docs), PLUGIN)
     assert plugin["ports"][0]["containerPort"] == 9000
+    # the plugin listens where the probes and Prometheus look
+    args = plugin["args"]
+    assert args[args.index("--metrics-address") + 1] == "0.0.0.0:9000"
 
 
 # --- RBAC, ServiceAccount, the default BalloonsPolicy -----------------------------------------

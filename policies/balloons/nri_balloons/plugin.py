@@ -3,7 +3,9 @@
 Entry point ``balloons`` in the group ``nri_resource_policy.policies``. The
 configuration comes from ``--config-file`` (a BalloonsPolicy YAML), or from
 the runtime's plugin configuration text for pre-launched plugins. The
-Kubernetes custom-resource source is the agent's (not yet implemented).
+Kubernetes source is the agent (``nri_framework.agent``: BalloonsPolicy custom
+resources in ``--config-namespace``), which hands them over through
+``policy_reconfigure``.
 """
 
 from __future__ import annotations
@@ -228,7 +230,10 @@ class Balloons:
         if config.strip() and self.policy.config is None:
             self.apply(self.prepare(config, "runtime plugin configuration"))
         if self.policy.config is None:
-            raise PolicyError("balloons: no configuration (use --config-file)")
+            raise PolicyError(
+                "balloons: no configuration (use --config-file, or --config-namespace with a "
+                "BalloonsPolicy in the cluster)"
+            )
 
     # -- NRI -------------------------------------------------------------------------
 
@@ -350,6 +355,20 @@ class Balloons:
         if self.policy is None:
             return None
         return self.policy.zones(lambda cid: self.pins.get(cid, ("", "")))
+
+    # -- observability (nri_balloons.observe) -----------------------------------------
+
+    @hookimpl
+    def policy_collect_metrics(self) -> Any:
+        from nri_balloons import observe
+
+        return observe.metrics(self.policy)
+
+    @hookimpl
+    def policy_inspect(self) -> Any:
+        from nri_balloons import observe
+
+        return observe.inspect(self.policy)
 
 
 def plugin() -> Balloons:

@@ -1,0 +1,176 @@
+"""``nri-resource-policy inspect``: what a running plugin decided, as tables.
+
+Reads ``/debug/state`` of the plugin's instrumentation endpoint (see
+:mod:`nri_framework.instrumentation`; the plugin must run with
+``--metrics-address``) and prints the plugin and its health, then every
+table of the policy's state, the containers with their cpusets joined with
+what the policy says of each (the balloon), and the CPUs.
+
+The tables are data-driven: a list of dicts under the policy's state is a
+table, its columns the keys of the rows. A column that no row has is not
+printed, so a PCT column (``clos`` per CPU, ``punit`` per balloon) appears
+exactly when the policy reports it.
+
+    nri-resource-policy inspect [--address HOST:PORT] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nri_framework.instrumentation import DEFAULT_PORT, AddressError, parse_address
+
+DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
+#: Policy sections printed first, in this order; the rest follow by name.
+SECTION_ORDER = ("balloons", "containers", "cpus", "punits")
+#: The framework's container columns, before the policy's.
+CONTAINER_COLUMNS = ("container", "state", "cpus", "mems")
+
+
+def url_for(address: str, path: str = "/debug/state") -> str:
+    """``http://HOST:PORT/path``; ``:PORT`` (every interface) reads from localhost."""
+    host, port = parse_address(address)
+    if host is None or host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}{path}"
+
+
+def fetch_state(address: str, timeout: float = 5.0) -> dict[str, Any]:
+    with urllib.request.urlopen(url_for(address), timeout=timeout) as resp:
+        state: dict[str, Any] = json.load(resp)
+    return state
+
+
+def cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ",".join(cell(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={cell(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def columns(rows: Sequence[Mapping[str, Any]], first: Sequence[str] = ()) -> list[str]:
+    """Every key of ``rows``: ``first`` (when present), then scalars, then lists
+    (long comma-joined cells read best at the end of a line)."""
+    seen: dict[str, bool] = {}
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, list | tuple | dict):
+                seen[key] = True
+            else:
+                seen.setdefault(key, False)
+    head = [k for k in first if k in seen]
+    rest = [k for k in seen if k not in head]
+    return head + [k for k in rest if not seen[k]] + [k for k in rest if seen[k]]
+
+
+def table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> list[str]:
+    """Aligned text lines: a header of the upper-cased column names, then the rows."""
+    cells = [[cell(row.get(c)) for c in cols] for row in rows]
+    heads = [c.upper().replace("_", "-") for c in cols]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(heads)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
+
+    return [line(heads)] + [line(r) for r in cells]
+
+
+def container_rows(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The framework's containers (``ns/pod/ctr`` -> cpuset, mems) with the
+    policy's columns for each (``containers`` of the policy: by container id)."""
+    extra = (state.get("policy") or {}).get("containers") or {}
+    rows = []
+    for c in state.get("containers", []):
+        row: dict[str, Any] = {
+            "container": f"{c.get('namespace', '')}/{c.get('pod', '')}/{c.get('name', '')}"
+        }
+        # the host learns states only from the events the policy subscribes to
+        if c.get("state") not in (None, "", "unknown"):
+            row["state"] = c["state"]
+        row.update(cpus=c.get("cpus"), mems=c.get("mems"))
+        if isinstance(extra, dict):
+            row.update(extra.get(c.get("id"), {}))
+        rows.append(row)
+    rows.sort(key=lambda r: str(r["container"]))
+    return rows
+
+
+def render(state: Mapping[str, Any]) -> str:
+    plugin = state.get("plugin", {})
+    runtime = state.get("runtime", {})
+    health = state.get("health", {})
+    out = [
+        f"plugin {plugin.get('index', '')}-{plugin.get('name', '')}: policy "
+        f"{plugin.get('policy', '')}, version {plugin.get('version', '')}, "
+        f"pid {plugin.get('pid', '')}, up {plugin.get('uptime_seconds', '')} s",
+        f"runtime {cell(runtime.get('name'))} {cell(runtime.get('version'))}"
+        + (f" (NRI {runtime['nri_version']})" if runtime.get("nri_version") else ""),
+        "health: " + ("ok" if health.get("ok") else f"NOT OK: {health.get('reason', 'unknown')}"),
+    ]
+    policy = state.get("policy") or {}
+    for key, value in policy.items():
+        if not isinstance(value, list | dict) and key != "error":
+            out.append(f"{key.replace('_', ' ')}: {cell(value)}")
+    if policy.get("error"):
+        out.append(f"policy error: {policy['error']}")
+    sections = [k for k in SECTION_ORDER if k in policy or k == "containers"]
+    sections += sorted(k for k in policy if k not in SECTION_ORDER)
+    for key in sections:
+        if key == "containers":
+            rows: Sequence[Mapping[str, Any]] = container_rows(state)
+            first: Sequence[str] = CONTAINER_COLUMNS
+        else:
+            value = policy.get(key)
+            if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+                continue
+            rows, first = value, ("name",)
+        out.append("")
+        out.append(f"{key.upper().replace('_', ' ')} ({len(rows)})")
+        if rows:
+            out.extend(table(rows, columns(rows, first)))
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="nri-resource-policy inspect", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        help=f"the plugin's --metrics-address (default {DEFAULT_ADDRESS}; ':PORT' = localhost)",
+    )
+    parser.add_argument("--json", action="store_true", help="print /debug/state as it is")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    args = parser.parse_args(argv)
+    try:
+        state = fetch_state(args.address, args.timeout)
+    except AddressError as exc:
+        print(f"nri-resource-policy inspect: {exc}", file=sys.stderr)
+        return 2
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        print(
+            f"nri-resource-policy inspect: cannot read {url_for(args.address)}: {reason} "
+            "(is the plugin running with --metrics-address?)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(json.dumps(state, indent=2))
+    else:
+        sys.stdout.write(render(state))
+    return 0

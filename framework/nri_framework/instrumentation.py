@@ -1,0 +1,409 @@
+"""The plugin's instrumentation endpoint: ``/healthz``, ``/metrics``, ``/debug/state``.
+
+An HTTP/1.1 server on the plugin's own asyncio event loop (stdlib streams;
+``prometheus_client`` only renders the exposition). It shares the loop with
+the NRI connection, so every handler is short and synchronous between two
+``await``\\ s: a scrape reads the policy's state between two NRI requests,
+never during one, and needs no locks. Slow or oversized requests are cut off
+(:data:`READ_TIMEOUT`, :data:`MAX_REQUEST`); an NRI reply never waits for a
+client.
+
+Address: ``HOST:PORT``; ``:PORT`` listens on every interface, as upstream's
+``instrumentation.httpEndpoint`` (``":8891"``, the chart's default, where the
+kubelet's probes and Prometheus reach the pod); ``[V6]:PORT`` for IPv6;
+port ``0`` picks a free port (logged).
+
+Health (``/healthz``): an NRI plugin is *healthy* when the runtime can hand
+it decisions, that is when all of these hold:
+
+1. the policy started (``policy_start`` returned; the server starts after it),
+2. the plugin is registered with the runtime (its RegisterPlugin answered),
+3. the runtime configured it (Configure: the event subscription is set), and
+4. the runtime synchronized it (Synchronize: the policy knows every running
+   container), or the runtime never synchronizes this plugin (a pre-launched
+   plugin of an NRI before v0.10, which restores from its state file instead).
+
+Then ``200 ok``; otherwise ``503`` with the first condition that fails as the
+reason (upstream answers 500 with per-checker errors; a probe treats both as
+failure). While the runtime restarts, the plugin is unhealthy until it has
+reconnected and been synchronized again.
+
+``/metrics``: the Prometheus text exposition (OpenMetrics when the scraper
+asks for it) of the process (``process_*``, ``python_*``), of the host
+(``nri_resource_policy_*``) and of the policy: what
+:func:`~nri_framework.hookspecs.policy_collect_metrics` returns, each family
+named ``nri_policy_<name>[_<unit>]`` (upstream's ``policy`` provider with the
+``nri`` namespace: the balloons gauge is ``nri_policy_balloons_cores``).
+
+``/debug/state``: JSON for ``nri-resource-policy inspect``: the plugin, the
+runtime, the health, the cached containers with their cpusets, and under
+``policy`` what :func:`~nri_framework.hookspecs.policy_inspect` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from nri_framework import __version__
+
+if TYPE_CHECKING:
+    from nri_framework.host import PolicyHost
+    from nri_framework.stub import PluginStub
+
+log = logging.getLogger("nri_framework.instrumentation")
+
+DEFAULT_PORT = 8891
+POLICY_PREFIX = "nri_policy_"
+HOST_PREFIX = "nri_resource_policy_"
+MAX_REQUEST = 8192
+"""Bytes of request line and headers we read at most."""
+READ_TIMEOUT = 5.0
+"""Seconds a client has to send its request."""
+ROUTES = ("/healthz", "/metrics", "/debug/state")
+
+
+class AddressError(ValueError):
+    """An instrumentation address that is not ``HOST:PORT``."""
+
+
+def parse_address(text: str) -> tuple[str | None, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``; ``":PORT"`` -> ``(None, port)``
+    (every interface); ``"[::1]:PORT"`` -> ``("::1", port)``."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise AddressError(f"invalid address {text!r}: want HOST:PORT, :PORT or [IPV6]:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return (host or None), int(port_text)
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    """A policy's metric as plain data: the framework owns ``prometheus_client``.
+
+    :param name: exported as ``nri_policy_<name>_<unit>`` (``balloons`` +
+        ``cores`` -> ``nri_policy_balloons_cores``).
+    :param help: the ``# HELP`` text.
+    :param labels: label names, in exposition order.
+    :param samples: ``(label values, value)``; the values line up with ``labels``.
+    :param unit: the unit suffix (``""`` for none).
+    :param kind: ``gauge`` or ``counter``.
+    """
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: list[tuple[tuple[str, ...], float]]
+    unit: str = ""
+    kind: Literal["gauge", "counter"] = "gauge"
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def _plain(status: int, text: str) -> Response:
+    return Response(status, "text/plain; charset=utf-8", (text + "\n").encode())
+
+
+class _Collector:
+    """The host's and the policy's metrics, collected on each scrape."""
+
+    def __init__(self, inst: Instrumentation) -> None:
+        self.inst = inst
+
+    def collect(self) -> Iterator[Metric]:
+        host = self.inst.host
+        info = GaugeMetricFamily(
+            HOST_PREFIX + "build_info",
+            "The plugin's version and active policy",
+            labels=["version", "policy"],
+        )
+        info.add_metric([__version__, host.policy_name], 1)
+        yield info
+        yield GaugeMetricFamily(
+            HOST_PREFIX + "healthy",
+            "1 when registered, configured and synchronized by the NRI runtime (/healthz)",
+            value=1 if self.inst.health().ok else 0,
+        )
+        yield GaugeMetricFamily(
+            HOST_PREFIX + "pods", "Pod sandboxes known from the runtime", value=len(host.pods)
+        )
+        yield GaugeMetricFamily(
+            HOST_PREFIX + "containers",
+            "Containers known from the runtime",
+            value=len(host.containers),
+        )
+        yield from policy_metrics(self.inst.policy_families())
+
+
+def policy_metrics(families: Iterable[MetricFamily]) -> Iterator[Metric]:
+    """``prometheus_client`` families of the policy's plain-data ones."""
+    for fam in families:
+        cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
+        metric = cls(POLICY_PREFIX + fam.name, fam.help, labels=list(fam.labels), unit=fam.unit)
+        for values, value in fam.samples:
+            metric.add_metric(list(values), value)
+        yield metric
+
+
+class Instrumentation:
+    """The HTTP endpoint of one plugin process.
+
+    :param host: the policy host (cache, hooks).
+    :param stub: the NRI stub whose registration state ``/healthz`` reports;
+        ``None`` (tests of the exposition alone) reports healthy once the
+        host was synchronized.
+    :param address: where to listen, see :func:`parse_address`.
+    """
+
+    def __init__(self, host: PolicyHost, stub: PluginStub | None, address: str) -> None:
+        self.host = host
+        self.stub = stub
+        self.address = address
+        self.bind = parse_address(address)
+        self.started = time.monotonic()
+        self.server: asyncio.Server | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=self.registry)
+        self.registry.register(_Collector(self))
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen; raises :class:`OSError` when the address cannot be bound."""
+        host, port = self.bind
+        self.server = await asyncio.start_server(
+            self._serve, host, port, limit=MAX_REQUEST, reuse_address=True
+        )
+        log.info(
+            "instrumentation HTTP endpoint listening on %s (%s)",
+            ", ".join(self.listening()),
+            ", ".join(ROUTES),
+        )
+
+    def listening(self) -> list[str]:
+        """``host:port`` of every bound socket (the real port when 0 was asked)."""
+        if self.server is None:
+            return []
+        out = []
+        for sock in self.server.sockets:
+            name = sock.getsockname()
+            out.append(f"[{name[0]}]:{name[1]}" if ":" in name[0] else f"{name[0]}:{name[1]}")
+        return out
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 1.0)
+            self.server = None
+
+    # -- what is served ------------------------------------------------------------
+
+    def health(self) -> Health:
+        """See the module documentation for what healthy means."""
+        stub = self.stub
+        if stub is None:
+            if self.host.synchronized:
+                return Health(True, "ok")
+            return Health(False, "not synchronized by an NRI runtime")
+        if stub.stopping.is_set():
+            return Health(False, "stopping")
+        session = stub.session
+        if session is None or not stub.connected.is_set():
+            where = f"fd {stub.opts.fd}" if stub.opts.fd is not None else f"{stub.opts.socket_path}"
+            return Health(False, f"not registered with the NRI runtime ({where})")
+        if not session.configured.is_set():
+            return Health(False, "registered, waiting for the runtime's Configure")
+        no_sync = stub.opts.fd is not None and session.nri_version < (0, 10)
+        if not session.synchronized.is_set() and not no_sync:
+            return Health(False, "configured, waiting for the runtime's Synchronize")
+        return Health(True, "ok")
+
+    def policy_families(self) -> list[MetricFamily]:
+        try:
+            results = self.host.hook.policy_collect_metrics()
+        except Exception:
+            log.exception("policy_collect_metrics failed")
+            return []
+        return [fam for families in results for fam in families or ()]
+
+    def metrics(self, accept: str = "") -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+    def state(self) -> dict[str, Any]:
+        """The JSON document of ``/debug/state``."""
+        host = self.host
+        health = self.health()
+        opts = self.stub.opts if self.stub is not None else None
+        try:
+            policy = host.hook.policy_inspect()
+        except Exception as exc:
+            log.exception("policy_inspect failed")
+            policy = {"error": f"policy_inspect failed: {exc}"}
+        try:
+            zones = [msgspec.to_builtins(z) for z in host.hook.policy_topology_zones() or []]
+            extended = host.hook.policy_extended_resources()
+        except Exception as exc:
+            log.exception("policy zones/extended resources failed")
+            zones, extended = [], {"error": f"failed: {exc}"}
+        return {
+            "plugin": {
+                "name": opts.name if opts else "",
+                "index": opts.index if opts else "",
+                "policy": host.policy_name,
+                "version": __version__,
+                "pid": os.getpid(),
+                "uptime_seconds": round(time.monotonic() - self.started, 1),
+            },
+            "runtime": {
+                "name": host.runtime.name,
+                "version": host.runtime.version,
+                "nri_version": host.runtime.nri_version,
+            },
+            "health": {"ok": health.ok, "reason": health.reason},
+            "pods": len(host.pods),
+            "containers": [
+                {
+                    "id": c.id,
+                    "namespace": pod.namespace if pod else "",
+                    "pod": pod.name if pod else c.pod_sandbox_id,
+                    "name": c.name,
+                    "state": c.state.name.lower(),
+                    "cpus": c.cpus,
+                    "mems": c.resources.cpu.mems if c.resources and c.resources.cpu else "",
+                }
+                for c in host.containers.values()
+                for pod in (host.pods.get(c.pod_sandbox_id),)
+            ],
+            "policy": policy or {},
+            "zones": zones,
+            "extended_resources": extended,
+        }
+
+    def respond(self, method: str, target: str, accept: str = "") -> Response:
+        """The answer to one request (no I/O: what the connection handler sends)."""
+        if method not in ("GET", "HEAD"):
+            return _plain(405, f"method {method} not allowed")
+        path = urlsplit(target).path
+        if path == "/healthz":
+            health = self.health()
+            if health.ok:
+                return _plain(200, "ok")
+            return _plain(503, f"not ok: {health.reason}")
+        if path == "/metrics":
+            body, content_type = self.metrics(accept)
+            return Response(200, content_type, body)
+        if path == "/debug/state":
+            body = msgspec.json.format(msgspec.json.encode(self.state()), indent=2)
+            return Response(200, "application/json", body + b"\n")
+        if path == "/":
+            return _plain(200, "\n".join(ROUTES))
+        return _plain(404, f"not found: {path} (try {', '.join(ROUTES)})")
+
+    # -- the connection ------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                return
+            method, target, accept = _parse_head(head)
+            if not method:
+                resp = _plain(400, "bad request")
+            else:
+                try:
+                    resp = self.respond(method, target, accept)
+                except Exception as exc:
+                    log.exception("instrumentation: %s %s failed", method, target)
+                    resp = _plain(500, f"internal error: {exc}")
+            header = (
+                f"HTTP/1.1 {resp.status} {_REASONS.get(resp.status, '')}\r\n"
+                f"Content-Type: {resp.content_type}\r\n"
+                f"Content-Length: {len(resp.body)}\r\n"
+                "Cache-Control: no-store\r\n"
+                + ("Allow: GET, HEAD\r\n" if resp.status == 405 else "")
+                + "Connection: close\r\n\r\n"
+            )
+            writer.write(header.encode("latin-1"))
+            if method != "HEAD":
+                writer.write(resp.body)
+            await asyncio.wait_for(writer.drain(), READ_TIMEOUT)
+        except (ConnectionError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str]:
+    """``(method, target, Accept header)``; ``("", "", "")`` when malformed."""
+    try:
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = lines[0].split(" ")
+    except ValueError:
+        return "", "", ""
+    if not version.startswith("HTTP/") or not target.startswith("/"):
+        return "", "", ""
+    accept = ""
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "accept":
+            accept = value.strip()
+    return method, target, accept
+
+
+async def start_instrumentation(
+    host: PolicyHost, stub: PluginStub | None, address: str
+) -> Instrumentation | None:
+    """The endpoint listening on ``address``; ``None`` when ``address`` is empty.
+
+    An address that cannot be bound is logged and the plugin goes on without
+    the endpoint: pinning containers matters more than being observed (the
+    chart's probes then fail, which shows the problem)."""
+    if not address:
+        return None
+    inst = Instrumentation(host, stub, address)
+    try:
+        await inst.start()
+    except OSError as exc:
+        log.error("cannot serve instrumentation on %s: %s", address, exc)
+        return None
+    return inst

@@ -1,0 +1,256 @@
+"""What the balloons policy shows of itself: Prometheus metrics (reference §15)
+and the state ``nri-resource-policy inspect`` prints.
+
+Both read :class:`~nri_balloons.policy.BalloonsPolicy` as it is, on the NRI
+event loop between two requests (the host calls them from its instrumentation
+endpoint), and return plain data; the framework renders it.
+
+Metrics: one gauge ``balloons`` in ``cores`` (exported
+``nri_policy_balloons_cores``, help ``CPUs``), one sample per top-level
+balloon, value = its CPU count, with upstream's labels in upstream's order
+(:data:`BALLOON_LABELS`). Topology names are the CPU tree's (``p0``,
+``p0d0``, ``p0d0n1``), listed in tree order.
+
+Inspect: ``balloons`` (one row per top-level balloon), ``containers`` (the
+balloon of each container id, joined by ``inspect`` with the host's cpusets)
+and ``cpus`` (one row per online CPU: its balloon, or ``free``/``reserved``/
+``not allowed``, its CPU class). Priority Core Turbo adds a ``clos`` per CPU
+and a ``punit`` per CPU and balloon, a ``punits`` table and ``pct_mode``/
+``pct_degraded``, when the cpuClass handler's ``pct`` allocator reports them
+(``clos_of(cpu)``, ``punit_key(cpu)``, ``punits``, ``mode``); a CPU whose
+CLOS is not known has no ``clos`` key, so without PCT the columns are absent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nri_framework import cpuset
+from nri_framework.instrumentation import MetricFamily
+from nri_framework.topology import TreeNode
+
+from nri_balloons.balloon import Balloon
+
+if TYPE_CHECKING:
+    from nri_balloons.policy import BalloonsPolicy
+
+BALLOON_LABELS = (
+    "balloon_type",
+    "cpu_class",
+    "cpus_min",
+    "cpus_max",
+    "balloon",
+    "groups",
+    "cpus",
+    "cpus_count",
+    "numas",
+    "numas_count",
+    "dies",
+    "dies_count",
+    "packages",
+    "packages_count",
+    "sharedidlecpus",
+    "sharedidlecpus_count",
+    "cpus_allowed",
+    "cpus_allowed_count",
+    "mems",
+    "containers",
+    "tot_req_millicpu",
+)
+"""Labels of ``nri_policy_balloons_cores``, exactly upstream's (reference §15)."""
+
+_LOCATION_LEVELS = ("package", "die", "numa")
+
+
+def locations(root: TreeNode, cpus: int) -> dict[str, list[str]]:
+    """Names of the packages, dies and NUMA nodes of the CPU tree that
+    ``cpus`` touches, in tree order (upstream ``CpuLocations``)."""
+    out: dict[str, list[str]] = {level: [] for level in _LOCATION_LEVELS}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if not node.cpus & cpus:
+            continue
+        if node.level in out:
+            out[node.level].append(node.name)
+            if node.level == "numa":
+                continue  # nothing below is reported
+        stack.extend(reversed(node.children))
+    return out
+
+
+def balloon_sample(policy: BalloonsPolicy, bln: Balloon) -> tuple[str, ...]:
+    """The label values of one balloon, in :data:`BALLOON_LABELS` order."""
+    bdef = bln.bdef
+    loc = locations(policy.topology.tree(), bln.cpus)
+    allowed = bln.cpus | bln.shared_idle
+    groups = sorted(g for g, n in bln.groups.items() if n > 0)
+    values = {
+        "balloon_type": bdef.name,
+        "cpu_class": bdef.cpu_class,
+        "cpus_min": str(bdef.min_cpus),
+        "cpus_max": str(bdef.max_cpus),
+        "balloon": bln.name,
+        "groups": ",".join(groups),
+        "cpus": cpuset.format(bln.cpus),
+        "cpus_count": str(bln.cpus.bit_count()),
+        "numas": ",".join(loc["numa"]),
+        "numas_count": str(len(loc["numa"])),
+        "dies": ",".join(loc["die"]),
+        "dies_count": str(len(loc["die"])),
+        "packages": ",".join(loc["package"]),
+        "packages_count": str(len(loc["package"])),
+        "sharedidlecpus": cpuset.format(bln.shared_idle),
+        "sharedidlecpus_count": str(bln.shared_idle.bit_count()),
+        "cpus_allowed": cpuset.format(allowed),
+        "cpus_allowed_count": str(allowed.bit_count()),
+        "mems": cpuset.format(bln.mems),
+        "containers": ",".join(sorted(m.pretty for m in bln.members.values())),
+        "tot_req_millicpu": str(bln.requested),
+    }
+    return tuple(values[label] for label in BALLOON_LABELS)
+
+
+def metrics(policy: BalloonsPolicy | None) -> list[MetricFamily]:
+    """The ``balloons`` gauge; no family before the policy has a configuration."""
+    if policy is None or policy.config is None:
+        return []
+    samples = [
+        (balloon_sample(policy, bln), float(bln.cpus.bit_count())) for bln in policy.balloons
+    ]
+    return [MetricFamily("balloons", "CPUs", BALLOON_LABELS, samples, unit="cores")]
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+def _class_name(policy: BalloonsPolicy, cpu: int) -> str:
+    """The CPU class the handler assigned to ``cpu`` (its ``name@dN`` synthetic
+    name is per turbo domain)."""
+    name = policy.cpu_classes.cpu_class.get(cpu, "")
+    return name.rsplit("@d", 1)[0] if "@d" in name else name
+
+
+def _pct(policy: BalloonsPolicy) -> Any:
+    """The PCT allocator when it reports CLOS associations, else ``None``."""
+    pct = getattr(policy.cpu_classes, "pct", None)
+    return pct if callable(getattr(pct, "clos_of", None)) else None
+
+
+def _punit_name(key: Any) -> str | None:
+    if key is None:
+        return None
+    package, punit = key
+    return f"{package}/{punit}"
+
+
+def _components(bln: Balloon) -> list[str]:
+    return [f"{c.name}:{cpuset.format(c.cpus)}" for c in bln.components]
+
+
+def _balloon_row(policy: BalloonsPolicy, bln: Balloon, pct: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "name": bln.name,
+        "type": bln.bdef.name,
+        "cpus": cpuset.format(bln.cpus),
+        "cpu_class": policy.balloon_class(bln.bdef),
+        "mems": cpuset.format(bln.mems),
+        "shared_idle_cpus": cpuset.format(bln.shared_idle),
+        "requested_mcpu": bln.requested,
+    }
+    if pct is not None and callable(getattr(pct, "punit_key", None)):
+        punits = sorted({k for c in cpuset.ids(bln.cpus) if (k := pct.punit_key(c)) is not None})
+        if punits:
+            row["punit"] = [_punit_name(k) for k in punits]
+    if bln.components:
+        row["components"] = _components(bln)
+    groups = sorted(g for g, n in bln.groups.items() if n > 0)
+    if groups:
+        row["groups"] = groups
+    row["containers"] = sorted(m.pretty for m in bln.members.values())
+    return row
+
+
+def _cpu_rows(policy: BalloonsPolicy, pct: Any) -> list[dict[str, Any]]:
+    topo = policy.topology
+    owner: dict[int, str] = {}
+    shared: dict[int, list[str]] = {}
+    for top in policy.balloons:
+        for bln in top.walk():
+            if bln.components:
+                continue
+            for cpu in cpuset.ids(bln.cpus):
+                owner[cpu] = bln.name
+        for cpu in cpuset.ids(top.shared_idle):
+            shared.setdefault(cpu, []).append(top.name)
+    punit_key = getattr(pct, "punit_key", None) if pct is not None else None
+    rows = []
+    for cpu, info in topo.cpus.items():
+        bit = 1 << cpu
+        if cpu in owner:
+            where = owner[cpu]
+        elif not policy.allowed & bit:
+            where = "not allowed"
+        elif policy.reserved & bit:
+            where = "reserved"
+        else:
+            where = "free"
+        row: dict[str, Any] = {
+            "cpu": cpu,
+            "balloon": where,
+            "class": _class_name(policy, cpu),
+            "package": info.package,
+            "die": info.die,
+            "node": info.node,
+        }
+        if cpu in shared:
+            row["shared_idle_of"] = shared[cpu]
+        clos = pct.clos_of(cpu) if pct is not None else None
+        if clos is not None:
+            row["clos"] = clos
+        punit = _punit_name(punit_key(cpu)) if callable(punit_key) else None
+        if punit is not None:
+            row["punit"] = punit
+        rows.append(row)
+    return rows
+
+
+def _punit_rows(pct: Any) -> list[dict[str, Any]]:
+    rows = []
+    for pu in getattr(pct, "punits", None) or ():
+        row: dict[str, Any] = {"name": _punit_name(getattr(pu, "key", None))}
+        for field in ("cpus", "level", "max_hp", "guaranteed_hp", "tf_enabled"):
+            if hasattr(pu, field):
+                value = getattr(pu, field)
+                row[field] = cpuset.format(value) if field == "cpus" else value
+        rows.append(row)
+    return rows
+
+
+def inspect(policy: BalloonsPolicy | None) -> dict[str, Any] | None:
+    """The JSON-able state of ``/debug/state`` (``policy`` key)."""
+    if policy is None:
+        return None
+    if policy.config is None:
+        return {"configured": False}
+    pct = _pct(policy)
+    out: dict[str, Any] = {
+        "allowed_cpus": cpuset.format(policy.allowed),
+        "free_cpus": cpuset.format(policy.free),
+        "idle_cpu_class": policy.cpu_classes.idle_class,
+        "balloons": [_balloon_row(policy, b, pct) for b in policy.balloons],
+        "containers": {
+            cid: {"balloon": bln.name, "requested_mcpu": bln.members[cid].request}
+            for cid, bln in policy.owner.items()
+            if cid in bln.members
+        },
+        "cpus": _cpu_rows(policy, pct),
+    }
+    wanted = (getattr(pct, "mode", "") or getattr(pct, "wanted_mode", "")) if pct else ""
+    if wanted:
+        out["pct_mode"] = wanted
+        out["pct_degraded"] = bool(getattr(pct, "degraded", False))
+    punits = _punit_rows(pct) if pct is not None else []
+    if punits:
+        out["punits"] = punits
+    return out

@@ -1,0 +1,66 @@
+"""Figures of the benchmark scripts, and where they go for ``report.py``.
+
+Each bench script prints its own figures and, when ``NRI_BENCH_OUT`` names a
+directory (``tox -e bench`` sets it), also writes them there as
+``<bench>.json``; ``tests/bench/report.py`` reads every such file and prints
+the one table of targets. A figure with a ``target`` is a performance target
+(met when ``value <= target``, both in ``unit``); the others are context.
+Rows are data: a new measurement (a PCT path, say) is one more
+:class:`Figure` and appears in the report without touching it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENV = "NRI_BENCH_OUT"
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str
+    """Stable id, ``<bench>.<what>`` (``nri.create_rt_p50``)."""
+    name: str
+    """What was measured, for people."""
+    value: float
+    unit: str
+    """``us``, ``ms``, ``MB``..."""
+    target: float | None = None
+    """Upper bound in ``unit``; ``None``: context only."""
+    note: str = ""
+
+
+def pct(samples: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``samples``, nearest rank."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def write(bench: str, figures: list[Figure], context: str = "") -> Path | None:
+    """``$NRI_BENCH_OUT/<bench>.json``; nothing when the variable is unset."""
+    out = os.environ.get(ENV)
+    if not out:
+        return None
+    path = Path(out) / f"{bench}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "bench": bench,
+        "context": context,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        ),
+        "figures": [asdict(f) for f in figures],
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def read(directory: Path) -> list[dict[str, object]]:
+    """Every bench document in ``directory``, by file name."""
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]

@@ -1,0 +1,103 @@
+"""The one table of ``tox -e bench``: every performance target beside what was
+measured now.
+
+Reads the figures the bench scripts wrote to ``$NRI_BENCH_OUT`` (see
+``_results.py``) and prints each figure that has a target: ``ok`` when the
+measured value is within it, ``over`` when not. Being over a target is
+reported, not failed: the exit code is 0 then. It is 1 only when a figure the
+project has a target for is missing (its bench crashed or was not run), so a
+broken benchmark does not go unnoticed.
+
+    python tests/bench/report.py [DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from _results import ENV, read
+
+#: The targets of the project (key -> where it is measured); every one must
+#: have a figure. A bench may report more targets than these (a new PCT
+#: row, say): they are shown too, after these.
+EXPECTED = {
+    "nri.create_rt_p50": ("bench_nri.py", "pinner: CreateContainer round trip p50"),
+    "nri.create_rt_p99": ("bench_nri.py", "pinner: CreateContainer round trip p99"),
+    "nri.sync_1000": ("bench_nri.py", "pinner: Synchronize of 1000 containers"),
+    "balloons.decision_p99": ("bench_balloons.py", "balloons decision p99"),
+    "balloons.rt_p99": ("bench_balloons.py", "balloons round trip p99"),
+    "balloons.sync_1000": ("bench_balloons.py", "balloons Synchronize of 1000 containers"),
+    "balloons.plugin_rss": ("bench_balloons.py", "plugin RSS"),
+    "cputree.resize_p50_256cpus_target": ("bench_cputree.py", "CPU tree resize at 256 CPUs"),
+    "cputree.growth_4096_vs_256": ("bench_cputree.py", "CPU tree resize growth to 4096"),
+    "sst.rt_sync_p50": ("bench_sst.py", "helper round trip p50"),
+    "sst.associate_256_p50": ("bench_sst.py", "AssociateCpus of 256 CPUs"),
+    "sst.helper_rss": ("bench_sst.py", "helper RSS"),
+}
+
+
+def fmt(value: float, unit: str) -> str:
+    digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    return f"{value:.{digits}f} {unit}"
+
+
+def rows(docs: list[dict[str, Any]]) -> tuple[list[list[str]], list[str]]:
+    """Table rows (bench, target, limit, measured, status) and the missing keys."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for doc in docs:
+        for fig in doc.get("figures", []):
+            if fig.get("target") is not None:
+                found[fig["key"]] = (str(doc.get("bench", "")), fig)
+    out = []
+    for key in [*EXPECTED, *(k for k in found if k not in EXPECTED)]:
+        if key not in found:
+            script, label = EXPECTED[key]
+            out.append([key.split(".")[0], label, "", "missing", f"no figure from {script}"])
+            continue
+        bench, fig = found[key]
+        value, target, unit = float(fig["value"]), float(fig["target"]), str(fig["unit"])
+        status = "ok" if value <= target else "OVER"
+        out.append([bench, fig["name"], f"<= {fmt(target, unit)}", fmt(value, unit), status])
+    missing = [k for k in EXPECTED if k not in found]
+    return out, missing
+
+
+def render(table: list[list[str]]) -> str:
+    head = ["bench", "target", "limit", "measured", "status"]
+    widths = [max(len(r[i]) for r in [head, *table]) for i in range(len(head))]
+    right = {2, 3}
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    rule = "-" * len(line(head))
+    return "\n".join([rule, line(head), rule, *(line(r) for r in table), rule])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", nargs="?", default=os.environ.get(ENV, ""))
+    args = parser.parse_args(argv)
+    if not args.directory:
+        parser.error(f"no directory: give one or set {ENV}")
+    directory = Path(args.directory)
+    docs = read(directory) if directory.is_dir() else []
+    table, missing = rows(docs)
+    over = sum(r[4] == "OVER" for r in table)
+    machines = sorted({str(d.get("machine", "")) for d in docs if d.get("machine")})
+    print(f"\nperformance targets ({', '.join(machines) or 'no figures'})")
+    print(render(table))
+    met = len(table) - over - len(missing)
+    print(f"{met} within target, {over} over target, {len(missing)} missing")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

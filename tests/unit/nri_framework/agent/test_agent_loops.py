@@ -1,0 +1,333 @@
+"""The agent's loops on a recording stand-in of the API (the k8s tier runs them
+against a real API server): the configuration source's decisions and status
+writes, NRT coalescing and retries, extended-resource retries."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from nri_framework.agent.config import ConfigSource
+from nri_framework.agent.extres import ExtendedResources
+from nri_framework.agent.kube import KubeError, PolicyResource
+from nri_framework.agent.nrt import NrtPublisher
+from nri_framework.zones import Zone, ZoneAttribute
+
+
+async def io(fn: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args)
+
+
+class FakeApi:
+    """Records requests; ``fail`` makes the next N calls of a method raise."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.fail: dict[str, int] = {}
+        self.nrt: dict[str, Any] | None = None
+        self.node: dict[str, Any] = {"status": {"capacity": {"cpu": "8"}}}
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()
+
+    def _record(self, name: str, arg: Any) -> None:
+        with self.lock:
+            self.calls.append((name, arg))
+            if self.fail.get(name):
+                self.fail[name] -= 1
+                raise KubeError(500, f"{name} failed")
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.calls]
+
+    def patch_policy_status(self, namespace: str, name: str, patch: Any) -> Any:
+        self._record("status", (name, patch))
+        return {}
+
+    def get_nrt(self, name: str) -> Any:
+        self.gate.wait(5)
+        self._record("get_nrt", name)
+        if self.nrt is None:
+            raise KubeError(404, "not found")
+        return self.nrt
+
+    def create_nrt(self, body: Any) -> Any:
+        self._record("create_nrt", body)
+        self.nrt = dict(body, metadata=dict(body["metadata"], resourceVersion="1"))
+        return self.nrt
+
+    def replace_nrt(self, name: str, body: Any) -> Any:
+        self._record("replace_nrt", body)
+        self.nrt = body
+        return body
+
+    def get_node(self, name: str) -> Any:
+        self._record("get_node", name)
+        return self.node
+
+    def patch_node_status(self, name: str, patch: Any, timeout: float = 5.0) -> Any:
+        self._record("patch_node", patch)
+        cap = self.node["status"]["capacity"]
+        for k, v in patch["status"]["capacity"].items():
+            if v is None:
+                cap.pop(k, None)
+            else:
+                cap[k] = v
+        return self.node
+
+
+async def settle(predicate: Any, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+# --- configuration source -------------------------------------------------------------
+
+
+def cr(name: str, generation: int = 1, uid: str = "") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": uid or f"uid-{name}", "generation": generation},
+        "spec": {"reservedResources": {"cpu": "1"}, "x": name},
+    }
+
+
+class Source:
+    def __init__(self, reject: set[str] | None = None) -> None:
+        self.api = FakeApi()
+        self.applied: list[str] = []
+        self.changes: list[Any] = []
+        self.reject = reject or set()
+
+        async def apply(text: str, source: str) -> str | None:
+            self.applied.append(source)
+            name = source.rsplit("/", 1)[1]
+            return f"bad {name}" if name in self.reject else None
+
+        self.source = ConfigSource(
+            node="n1",
+            namespace="ns",
+            group_label="config.nri/group",
+            resource=PolicyResource.for_policy("balloons"),
+            client=self.api,  # type: ignore[arg-type]
+            io=io,
+            apply=apply,
+            on_change=self.changes.append,
+        )
+
+    def statuses(self) -> list[tuple[str, Any]]:
+        return [
+            (name, patch["status"]["nodes"]["n1"] and patch["status"]["nodes"]["n1"]["status"])
+            for kind, (name, patch) in self.api.calls
+            if kind == "status"
+        ]
+
+
+async def test_source_precedence_moves_the_status_entry() -> None:
+    s = Source()
+    src = s.source
+    src.on_policies("SYNC", [cr("default"), cr("group.g")])
+    src.on_node("SYNC", [{"metadata": {"labels": {}}}])
+    await src.reconcile()
+    assert s.applied == ["BalloonsPolicy ns/default"]
+    assert s.statuses() == [("default", "Success")]
+    assert src.accepted.is_set()
+    assert s.changes == [{"reservedResources": {"cpu": "1"}, "x": "default"}]
+
+    # our own status patch comes back as MODIFIED with the same generation: ignored
+    src.on_policies("MODIFIED", cr("default"))
+    await src.reconcile()
+    assert len(s.applied) == 1
+
+    src.on_node("MODIFIED", {"metadata": {"labels": {"config.nri/group": "g"}}})
+    await src.reconcile()
+    assert s.applied[-1] == "BalloonsPolicy ns/group.g"
+    assert s.statuses()[1:] == [("default", None), ("group.g", "Success")]
+
+    src.on_policies("ADDED", cr("node.n1"))
+    await src.reconcile()
+    assert s.statuses()[3:] == [("group.g", None), ("node.n1", "Success")]
+
+    # deleted: nothing to remove from it, back to the group
+    src.on_policies("DELETED", cr("node.n1"))
+    await src.reconcile()
+    assert s.statuses()[5:] == [("group.g", "Success")]
+
+    # a new generation is delivered again, to the same object
+    src.on_policies("MODIFIED", cr("group.g", 2))
+    await src.reconcile()
+    assert s.applied[-1] == "BalloonsPolicy ns/group.g"
+    assert s.statuses()[6:] == [("group.g", "Success")]
+    assert s.api.calls[-1][1][1]["status"]["nodes"]["n1"]["generation"] == 2
+
+    # the group CR deleted: no effective configuration, no fall back to default
+    src.on_policies("DELETED", cr("group.g"))
+    await src.reconcile()
+    assert s.changes[-1] is None
+    assert len(s.applied) == 5
+
+    await src.shutdown()  # nothing in force: nothing to remove
+    assert len(s.statuses()) == 7
+
+
+async def test_source_failure_is_reported_and_remembered() -> None:
+    s = Source(reject={"default"})
+    src = s.source
+    src.on_node("SYNC", [])  # no Node object: no labels
+    src.on_policies("SYNC", [cr("default")])
+    await src.reconcile()
+    assert not src.accepted.is_set()
+    assert s.changes == [None]  # nothing in force
+    (_, (name, patch)) = s.api.calls[-1]
+    assert name == "default"
+    assert patch["status"]["nodes"]["n1"]["status"] == "Failure"
+    assert patch["status"]["nodes"]["n1"]["errors"] == "bad default"
+    await src.reconcile()  # same uid and generation: not retried
+    assert len(s.applied) == 1
+    await src.shutdown()  # the entry goes on a clean stop, Failure or not
+    assert s.statuses()[-1] == ("default", None)
+
+
+async def test_source_recreated_object_is_delivered_again() -> None:
+    s = Source()
+    src = s.source
+    src.on_node("SYNC", [])
+    src.on_policies("SYNC", [cr("default")])
+    await src.reconcile()
+    src.on_policies("DELETED", cr("default"))
+    src.on_policies("ADDED", cr("default", uid="other"))
+    await src.reconcile()
+    assert len(s.applied) == 2
+    assert s.statuses() == [("default", "Success"), ("default", "Success")]
+
+
+async def test_source_status_patch_retries() -> None:
+    s = Source()
+    s.api.fail["status"] = 1
+    src = s.source
+    src.on_node("SYNC", [])
+    src.on_policies("SYNC", [cr("default")])
+    await src.reconcile()
+    assert s.api.names() == ["status", "status"]
+
+
+# --- NRT ------------------------------------------------------------------------------
+
+
+def zones(n: int) -> list[Zone]:
+    return [
+        Zone(
+            name=f"b[{i}]", type="balloon", attributes=[ZoneAttribute(name="cpuset", value=str(i))]
+        )
+        for i in range(n)
+    ]
+
+
+async def test_nrt_coalesces_and_replaces() -> None:
+    api = FakeApi()
+    state = {"n": 1}
+    pub = NrtPublisher(
+        node="n1",
+        policy="balloons",
+        client=api,  # type: ignore[arg-type]
+        io=io,
+        zones=lambda: zones(state["n"]),
+    )
+    task = asyncio.create_task(pub.run())
+    try:
+        pub.changed()  # disabled: nothing
+        await asyncio.sleep(0.05)
+        assert api.calls == []
+        api.gate.clear()  # the first write blocks in its GET
+        pub.set_enabled(True)
+        await settle(lambda: api.names() == [] and pub.writes == 0 and not pub._kick.is_set())
+        for i in range(2, 50):
+            state["n"] = i
+            pub.changed()
+        api.gate.set()
+        await settle(lambda: pub.writes == 2)
+        await asyncio.sleep(0.05)
+        assert pub.writes == 2  # 49 changes during one write: one more write
+        assert api.names() == ["get_nrt", "create_nrt", "get_nrt", "replace_nrt"]
+        replaced = api.calls[-1][1]
+        assert replaced["metadata"]["resourceVersion"] == "1"
+        assert len(replaced["zones"]) == 49
+    finally:
+        task.cancel()
+
+
+async def test_nrt_retries_after_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("nri_framework.agent.nrt.RETRY_MIN", 0.01)
+    api = FakeApi()
+    api.fail["get_nrt"] = 2
+    pub = NrtPublisher(
+        node="n1",
+        policy="balloons",
+        client=api,  # type: ignore[arg-type]
+        io=io,
+        zones=lambda: zones(1),
+    )
+    task = asyncio.create_task(pub.run())
+    try:
+        pub.set_enabled(True)
+        await settle(lambda: pub.writes == 1)
+        assert api.names() == ["get_nrt", "get_nrt", "get_nrt", "create_nrt"]
+    finally:
+        task.cancel()
+
+
+# --- extended resources ----------------------------------------------------------------
+
+
+async def test_extended_resources_loop() -> None:
+    api = FakeApi()
+    api.node["status"]["capacity"].update({"cpuclass.balloons.nri.io/x": "1", "example.com/y": "2"})
+    api.fail["get_node"] = 1
+    want: dict[str, int | None] = {
+        "cpuclass.balloons.nri.io/*": None,
+        "cpuclass.balloons.nri.io/hp": 4,
+    }
+    ext = ExtendedResources(
+        node="n1",
+        client=api,  # type: ignore[arg-type]
+        io=io,
+        desired=lambda: want,
+        resync=30,
+        retry=0.05,
+    )
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.changed()  # not decided yet: nothing
+        await asyncio.sleep(0.05)
+        assert api.calls == []
+        ext.set_in_force(True)  # fails once, retried 0.05 s later
+        await settle(lambda: ext.rounds == 1)
+        assert api.node["status"]["capacity"] == {
+            "cpu": "8",
+            "cpuclass.balloons.nri.io/hp": "4",
+            "example.com/y": "2",
+        }
+        assert ext.published == {"cpuclass.balloons.nri.io/hp"}
+        ext.set_in_force(False)
+        await settle(lambda: ext.rounds == 2)
+        assert api.node["status"]["capacity"] == {"cpu": "8", "example.com/y": "2"}
+        assert ext.published == set()
+    finally:
+        task.cancel()
+
+
+async def test_source_rejected_update_keeps_the_running_one_in_force() -> None:
+    s = Source()
+    src = s.source
+    src.on_node("SYNC", [])
+    src.on_policies("SYNC", [cr("default")])
+    await src.reconcile()
+    s.reject.add("default")
+    src.on_policies("MODIFIED", cr("default", 2))
+    await src.reconcile()
+    assert s.statuses() == [("default", "Success"), ("default", "Failure")]
+    assert len(s.changes) == 1 and s.changes[0] is not None
