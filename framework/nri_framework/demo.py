@@ -25,7 +25,9 @@ import asyncio
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import resources
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from nri_framework import cpuset
@@ -158,6 +160,16 @@ async def run_demo(workdir: Path, pods_dir: Path, ncpus: int) -> Checks:
     return checks
 
 
+DEMO_GROUP = "nri_resource_policy.demos"
+"""Entry points of policies' demos: ``name = module:main`` (main(argv) -> int)."""
+DEFAULT_SCENARIO = "pct-managed"
+"""The README's main job: the spec's walkthrough (``nri_balloons.demo``)."""
+
+
+def demo_entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=DEMO_GROUP)}
+
+
 def default_pods() -> Path:
     return Path(str(resources.files("nri_framework.demos") / "pinner"))
 
@@ -168,10 +180,15 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("scenario", nargs="?", default="pinner", choices=["pinner"])
-    parser.add_argument("--cpus", type=int, default=8, help="CPUs of the simulated node")
+    others = demo_entry_points()
+    default = DEFAULT_SCENARIO if DEFAULT_SCENARIO in others else "pinner"
+    parser.add_argument("scenario", nargs="?", default=default, choices=["pinner", *sorted(others)])
+    parser.add_argument("--cpus", type=int, default=8, help="CPUs of the simulated node (pinner)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
+    if args.scenario != "pinner":
+        run: Callable[[list[str]], int] = others[args.scenario].load()
+        return run([args.scenario, *(["--keep"] if args.keep else [])])
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="nri-demo-"))
     try:

@@ -1,0 +1,157 @@
+"""Benchmark: Priority Core Turbo on the container's reply path.
+
+The spec's managed-mode BalloonsPolicy on the simulated dual-socket Xeon 6776P
+with the SST helper (``nri-sst-helper serve --backend sim``) and the balloons
+plugin as processes, driven by the runtime simulator: the CreateContainer
+round trip of an HP pod (a new 2-CPU balloon on a punit chosen by the PCT
+hints, one ``AssociateCpus`` to CLOS 0 and one ``SetCstates`` on the reply
+path), timed over create/remove cycles with 100 background containers; and
+how long applying the configuration takes (discovery, PrepareManagedMode,
+CLOS programming, EnableCP, associating and C-states of all 256 CPUs).
+
+Prints figures; asserts nothing (``NRI_BENCH_OUT``: also written for
+report.py). The round trip is held to the balloons round-trip target.
+
+    python tests/bench/bench_pct.py [--cycles N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _results import Figure, pct, write
+from nri_balloons.demo import pods_dir
+from nri_framework.model import Container, CpuResources, Pod, Resources
+from nri_framework.simulate.runtime import SimulatedRuntime
+from nri_framework.simulate.scenario import PluginProcess, ScenarioPaths, plugin_command
+from nri_framework.simulate.sysfs import XEON_6776P, write_topology
+
+HP = {"balloon.balloons.resource-policy.nri.io": "hp-bln"}
+LP = {"balloon.balloons.resource-policy.nri.io": "lp-bln"}
+
+
+def pod(i: int, annotations: dict[str, str]) -> Pod:
+    return Pod(
+        id=f"p{i}", name=f"p{i}", uid=f"u{i}", namespace="bench", annotations=annotations,
+        cgroup_parent=f"/kubepods/pod{i}",
+    )  # fmt: skip
+
+
+def container(i: int, cpus: int, milli: int = 0) -> Container:
+    cpu = (
+        CpuResources(shares=1024 * cpus, quota=100_000 * cpus, period=100_000)
+        if not milli
+        else CpuResources(shares=milli * 1024 // 1000)
+    )
+    return Container(id="", pod_sandbox_id=f"p{i}", name="bench", resources=Resources(cpu=cpu))
+
+
+def start_helper(work: Path, host: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    sock = work / "helper.sock"
+    cmd = [
+        sys.executable, "-m", "nri_sst.cli", "serve", "--socket", f"ipc://{sock}",
+        "--backend", "sim", "--host-root", str(host), "--sim-state", str(work / "sim.json"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the SST helper did not start")
+        time.sleep(0.02)
+    return f"ipc://{sock}", proc
+
+
+def memory_dir() -> str | None:
+    """The sysfs tree goes to tmpfs when there is one: sysfs is in memory, and
+    a disk-backed tree makes each C-state write cost a disk file's open."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+async def run(cycles: int, background: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="nri-bench-pct-", dir=memory_dir()) as tmp:
+        work = Path(tmp)
+        host = write_topology(work / "host", XEON_6776P)
+        config = work / "config.yaml"
+        # the spec's config without its debug logging (the bench times replies)
+        text = (pods_dir() / "balloons-pct-managed.yaml").read_text()
+        config.write_text(re.sub(r"\n  log:\n    debug:\n    - policy\n    - cpu\n", "\n", text))
+        endpoint, helper = start_helper(work, host)
+        paths = ScenarioPaths(work, work / "nri.sock", host, work / "state")
+        cmd = plugin_command(
+            "balloons",
+            paths,
+            ["--config-file", str(config), "--sst-helper", endpoint],
+            exit_on_disconnect=False,
+        )
+        rt = SimulatedRuntime(paths.socket)
+        await rt.start()
+        launched = time.monotonic()
+        plugin = await PluginProcess.launch(cmd)
+        out: dict[str, float] = {}
+        try:
+            await rt.wait_plugins(1, 60)
+            out["startup"] = time.monotonic() - launched
+            for i in range(background):
+                p = await rt.run_pod(pod(i, LP))
+                c = await rt.create_container(p.id, container(i, 0, milli=50))
+                await rt.start_container(c.id)
+            base = len(rt.call_times("CreateContainer"))
+            for k in range(cycles):
+                i = 100_000 + k
+                p = await rt.run_pod(pod(i, HP))
+                c = await rt.create_container(p.id, container(i, 2))
+                await rt.stop_container(c.id)
+                await rt.remove_container(c.id)
+                await rt.stop_pod(p.id)
+                await rt.remove_pod(p.id)
+            times = rt.call_times("CreateContainer")[base:]
+            out["rt_p50"], out["rt_p99"] = pct(times, 0.5), pct(times, 0.99)
+            assert "pct: mode=managed" in plugin.output(), plugin.output()[-3000:]
+        finally:
+            await rt.stop()
+            await plugin.stop()
+            helper.send_signal(signal.SIGTERM)
+            helper.wait(10)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--background", type=int, default=100)
+    args = parser.parse_args()
+    r = asyncio.run(run(args.cycles, args.background))
+    what = "HP pod (PCT, helper on the reply path), 6776P"
+    rows = [
+        Figure("pct.rt_p50", f"{what}: round trip p50", r["rt_p50"] * 1e3, "ms"),
+        Figure("pct.rt_p99", f"{what}: round trip p99", r["rt_p99"] * 1e3, "ms", 3),
+        Figure(
+            "pct.startup",
+            "plugin start to registration, managed mode programmed (256 CPUs)",
+            r["startup"] * 1e3,
+            "ms",
+            note="context",
+        ),
+    ]
+    print("\nPriority Core Turbo benchmark (figures measured now)")
+    width = max(len(f.name) for f in rows)
+    for f in rows:
+        target = f"<= {f.target:g} {f.unit}" if f.target is not None else f.note
+        print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}  {target}")
+    write("pct", rows, "Priority Core Turbo through the SST helper")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
