@@ -46,8 +46,8 @@ HP_CLOS = 0
 LP_CLOS = 3
 CLOS_COUNT = 4
 DISCOVER_TIMEOUT = 2.0
-"""Discovery reads every punit's SST tables: allowed more than the per-request
-100 ms. It runs at configuration time, never inside a container's reply."""
+"""Discovery, PrepareManagedMode and Teardown touch every punit: allowed more
+than the per-request 100 ms when no NRI reply waits (``slow_timeout``)."""
 
 
 class PctError(Exception):
@@ -172,6 +172,9 @@ class PctAllocator:
         self.programmed_generation = -1
         self.requests_sent = 0
         self.timeout: float | None = None
+        self.slow_timeout: float | None = DISCOVER_TIMEOUT
+        """For the requests that touch every punit; ``None`` (the writer's
+        100 ms) while an NRI reply waits (the runtime's Configure, Synchronize)."""
         self._programmed_key: object = None
         """per-request timeout of the current flush (None: the writer's 100 ms)"""
         self._discovery: m.DiscoverReply | None = None
@@ -278,7 +281,7 @@ class PctAllocator:
         """The new configuration has no managed PCT: return SST to its reset
         state (what the helper also does when it stops in managed mode)."""
         try:
-            reply = self._request(m.Teardown(), DISCOVER_TIMEOUT)
+            reply = self._request(m.Teardown(), self.slow_timeout)
         except (Unavailable, Refused) as exc:
             log.warning("pct: managed mode left, but SST could not be reset: %s", exc)
             return
@@ -291,7 +294,7 @@ class PctAllocator:
     def _discover(self) -> bool:
         """Punits from the helper, once (the topology is snapshotted, as upstream)."""
         if self._discovery is None:
-            reply = self._request(m.Discover(), DISCOVER_TIMEOUT)
+            reply = self._request(m.Discover(), self.slow_timeout)
             assert isinstance(reply, m.DiscoverReply)
             self._discovery = reply
             self.supported = reply.supported
@@ -391,7 +394,7 @@ class PctAllocator:
 
     def _program_managed(self) -> None:
         try:
-            reply = self._request(m.PrepareManagedMode(), DISCOVER_TIMEOUT)
+            reply = self._request(m.PrepareManagedMode(), self.slow_timeout)
         except Refused as exc:
             raise PctError(f"pct: failed to prepare managed mode: {exc}") from None
         assert isinstance(reply, m.PrepareManagedModeReply)

@@ -37,6 +37,7 @@ from nri_balloons import scheduling
 from nri_balloons.config import ConfigError, load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.features import unimplemented
+from nri_balloons.pct import DISCOVER_TIMEOUT
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate
 
@@ -161,16 +162,21 @@ class Balloons:
                 "their frequencies, C-states and uncore limits are not applied"
             )
 
-    def apply(self, prepared: PreparedConfig) -> None:
+    def apply(self, prepared: PreparedConfig, timeout: float | None = CONFIG_TIMEOUT) -> None:
+        """Set ``prepared`` up; ``timeout`` per helper request (``None``: the
+        100 ms of the reply path, for the runtime's Configure)."""
         assert self.policy is not None
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
+        pct = self.policy.cpu_classes.pct
+        pct.slow_timeout = DISCOVER_TIMEOUT if timeout is not None else None
         try:
             self.policy.set_config(prepared)
         except BalloonsError as exc:
             raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
         finally:
-            self.commit(CONFIG_TIMEOUT)
+            pct.slow_timeout = DISCOVER_TIMEOUT
+            self.commit(timeout)
 
     def reconfigure(self, text: str, source: str) -> list[Update]:
         """A new configuration for the running plugin (what the agent delivers
@@ -228,7 +234,7 @@ class Balloons:
         assert self.policy is not None
         self.runtime_nri = runtime_nri_version(runtime.name, runtime.version, runtime.nri_version)
         if config.strip() and self.policy.config is None:
-            self.apply(self.prepare(config, "runtime plugin configuration"))
+            self.apply(self.prepare(config, "runtime plugin configuration"), timeout=None)
         if self.policy.config is None:
             raise PolicyError(
                 "balloons: no configuration (use --config-file, or --config-namespace with a "
@@ -257,7 +263,12 @@ class Balloons:
         self, pods: list[Pod], containers: list[Container], saved_state: Any
     ) -> list[Update]:
         assert self.policy is not None and self.policy.config is not None
-        self.policy.set_config(self.policy.config)
+        pct = self.policy.cpu_classes.pct
+        pct.slow_timeout = None  # the runtime waits for this reply
+        try:
+            self.policy.set_config(self.policy.config)
+        finally:
+            pct.slow_timeout = DISCOVER_TIMEOUT
         alive = {c.id for c in containers}
         restored = self.policy.restore(saved_state, alive) if saved_state else set()
         by_id = {p.id: p for p in pods}
