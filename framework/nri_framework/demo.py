@@ -198,6 +198,11 @@ def main(argv: list[str]) -> int:
             print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    return finish(checks, started)
+
+
+def finish(checks: Checks, started: float) -> int:
+    """The demo's last line and exit status (non-zero when a check failed)."""
     took = time.monotonic() - started
     if checks.failed:
         print(f"\ndemo: {len(checks.failed)} check(s) FAILED: {'; '.join(checks.failed)}")

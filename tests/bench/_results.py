@@ -64,3 +64,12 @@ def write(bench: str, figures: list[Figure], context: str = "") -> Path | None:
 def read(directory: Path) -> list[dict[str, object]]:
     """Every bench document in ``directory``, by file name."""
     return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+
+
+def show(title: str, figures: list[Figure]) -> None:
+    """Print ``figures`` under ``title``: name, value, target (or note)."""
+    print(f"\n{title}")
+    width = max(len(f.name) for f in figures)
+    for f in figures:
+        target = f"<= {f.target:g} {f.unit}" if f.target is not None else f.note
+        print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}  {target}")

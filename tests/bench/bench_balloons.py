@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _results import Figure, pct, write
+from _results import Figure, pct, show, write
 from nri_balloons.plugin import Balloons
 from nri_framework.host import PolicyHost
 from nri_framework.model import Container, CpuResources, Pod, Resources
@@ -183,11 +183,7 @@ def main() -> int:
         )
     )
     rows.append(Figure("balloons.plugin_rss", "balloons plugin RSS", e2e["rss_mb"], "MB", 80))
-    print("\nballoons benchmark (plugin and policy; figures measured now)")
-    width = max(len(f.name) for f in rows)
-    for f in rows:
-        target = f"<= {f.target:g} {f.unit}" if f.target is not None else f.note
-        print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}  {target}")
+    show("balloons benchmark (plugin and policy; figures measured now)", rows)
     write("balloons", rows, "balloons policy and plugin")
     return 0
 

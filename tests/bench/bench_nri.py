@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _results import Figure, pct, write
+from _results import Figure, pct, show, write
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, ScenarioPaths, plugin_command
@@ -119,12 +119,7 @@ def main() -> int:
     parser.add_argument("--sync", type=int, default=1000)
     args = parser.parse_args()
     rows = asyncio.run(bench(args.creates, args.existing, args.sync))
-    print(f"\nNRI benchmark: pinner policy, {NCPUS}-CPU topology, plugin in its own process")
-    width = max(len(f.name) for f in rows)
-    print(f"{'measure'.ljust(width)}  {'measured':>14}  target")
-    for f in rows:
-        target = f"<= {f.target:g} {f.unit}" if f.target is not None else ""
-        print(f"{f.name.ljust(width)}  {f.value:>11.1f} {f.unit:<2}  {target}")
+    show(f"NRI benchmark: pinner policy, {NCPUS}-CPU topology, plugin in its own process", rows)
     write("nri", rows, f"pinner policy, {NCPUS}-CPU topology, plugin in its own process")
     return 0
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _results import Figure, pct, write
+from _results import Figure, pct, show, write
 from nri_balloons.demo import pods_dir
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import SimulatedRuntime
@@ -144,11 +144,7 @@ def main() -> int:
             note="context",
         ),
     ]
-    print("\nPriority Core Turbo benchmark (figures measured now)")
-    width = max(len(f.name) for f in rows)
-    for f in rows:
-        target = f"<= {f.target:g} {f.unit}" if f.target is not None else f.note
-        print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}  {target}")
+    show("Priority Core Turbo benchmark (figures measured now)", rows)
     write("pct", rows, "Priority Core Turbo through the SST helper")
     return 0
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from _results import Figure, pct, write
+from _results import Figure, pct, show, write
 from nri_framework.simulate.sysfs import write_topology
 from nri_sst import messages as m
 from nri_sst.client import HelperClient, SyncHelperClient
@@ -175,11 +175,7 @@ def main() -> int:
                 )
             )
     figures.append(Figure("sst.helper_rss", "helper RSS", rss, "MB", 35))
-    print(f"sst helper (sim backend, xeon-6776p, {state} --sim-state)")
-    width = max(len(f.name) for f in figures)
-    for f in figures:
-        target = f"(target <= {f.target:g} {f.unit})" if f.target is not None else ""
-        print(f"  {f.name.ljust(width)}  {f.value:9.2f} {f.unit:<2}  {target}  {f.note}".rstrip())
+    show(f"sst helper (sim backend, xeon-6776p, {state} --sim-state)", figures)
     write("sst", figures, f"sst helper, sim backend, xeon-6776p, {state} --sim-state")
     return 0
 

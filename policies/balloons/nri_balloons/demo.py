@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 from nri_framework import cpuset
-from nri_framework.demo import Checks, section
+from nri_framework.demo import Checks, finish, section
 from nri_framework.simulate.podspec import RuntimeDefaults, load_pod_file
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import (
@@ -513,15 +513,6 @@ def managed_teardown(work: Path, host_root: Path, config: Path, c: Checks) -> No
     cp, tf = sst_summary(work, host_root, config)
     c.check(cp == ["disabled"], "SST-CP disabled on every punit")
     c.check(tf == ["disabled"], "SST-TF disabled on every punit")
-
-
-def finish(checks: Checks, started: float) -> int:
-    took = time.monotonic() - started
-    if checks.failed:
-        print(f"\ndemo: {len(checks.failed)} check(s) FAILED: {'; '.join(checks.failed)}")
-        return 1
-    print(f"\ndemo: all {checks.passed} checks passed in {took:.1f}s")
-    return 0
 
 
 def run_pct_managed(keep: bool = False) -> int:
