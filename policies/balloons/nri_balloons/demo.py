@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 from nri_framework import cpuset
 from nri_framework.demo import Checks, finish, section
+from nri_framework.inspect import render
 from nri_framework.simulate.podspec import RuntimeDefaults, load_pod_file
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import (
@@ -446,6 +447,21 @@ async def pct_managed_body(n: Node, c: Checks) -> None:
             pu.cp.enabled and pu.cp.priority == "ordered" and pu.tf.enabled,
             f"pkg {pu.package} punit {pu.punit}: SST-CP enabled, ordered; SST-TF enabled",
         )
+
+    section(f"nri-resource-policy inspect --address {n.metrics}: balloons and punits")
+    text = render(n.state())
+    start = text.index("\nBALLOONS")
+    end = text.index("\nCONTAINERS")
+    print("\n".join("  " + x for x in text[start:end].strip("\n").splitlines()))
+    pstart = text.find("\nPUNITS")
+    if pstart >= 0:
+        print("\n".join("  " + x for x in text[pstart:].strip("\n").splitlines()))
+    rows = {b["name"]: b for b in n.state()["policy"]["balloons"]}
+    hp_punits = [tuple(rows[f"hp-bln[{i}]"].get("punit", [])) for i in range(4)]
+    c.check(
+        all(len(p) == 1 for p in hp_punits) and len(set(hp_punits)) == 4,
+        "inspect shows each HP balloon on its own punit",
+    )
 
     section("7. observe performance (reporter lines; simulated)")
     hp_perf = [n.report(p) for p in hp]

@@ -286,6 +286,8 @@ class PctAllocator:
             log.warning("pct: managed mode left, but SST could not be reset: %s", exc)
             return
         assert isinstance(reply, m.TeardownReply)
+        for pu in self.punits:
+            pu.tf_enabled = False
         log.info(
             "pct: managed mode left; SST reset (CPReset, TFDisable, CPDisable) on %d punit(s)",
             reply.punits,
@@ -404,6 +406,8 @@ class PctAllocator:
             reply.punits,
         )
         self.known = dict.fromkeys(self.punit_of, 0)  # CPReset: every CPU on CLOS 0
+        for pu in self.punits:  # TFEnable (where the level supports it)
+            pu.tf_enabled = pu.tf_supported
         self.hp_eligible = set(range(len(self.punits)))
         by_clos: dict[int, Plan] = {}
         for plan in self.plans.values():
