@@ -456,8 +456,8 @@ async def pct_managed_body(n: Node, c: Checks) -> None:
     pstart = text.find("\nPUNITS")
     if pstart >= 0:
         print("\n".join("  " + x for x in text[pstart:].strip("\n").splitlines()))
-    rows = {b["name"]: b for b in n.state()["policy"]["balloons"]}
-    hp_punits = [tuple(rows[f"hp-bln[{i}]"].get("punit", [])) for i in range(4)]
+    by_name = {b["name"]: b for b in n.state()["policy"]["balloons"]}
+    hp_punits = [tuple(by_name[f"hp-bln[{i}]"].get("punit", [])) for i in range(4)]
     c.check(
         all(len(p) == 1 for p in hp_punits) and len(set(hp_punits)) == 4,
         "inspect shows each HP balloon on its own punit",
