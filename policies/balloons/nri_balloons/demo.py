@@ -413,6 +413,25 @@ async def pct_managed_body(n: Node, c: Checks) -> None:
         f"reserved[0] within the reserved pool 0,1,128,129 ({reserved!r})",
     )
 
+    section("6.2 SST state read back from the model (intel-speed-select ... info / get-config)")
+    info = n.discover()
+    for pu in (pu for pkg in info.packages for pu in pkg.punits):
+        bounds = {cl.clos: cl for cl in pu.clos}
+        print(
+            f"  package-{pu.package} powerdomain-{pu.punit}: perf-profile current "
+            f"level {pu.pp.current_level}; speed-select-turbo-freq:"
+            f"{'enabled' if pu.tf.enabled else 'disabled'}; core-power enable-status:"
+            f"{'enabled' if pu.cp.enabled else 'disabled'}, priority-type:"
+            f"{1 if pu.cp.priority == 'ordered' else 0}; clos-0 min/max "
+            f"{bounds[0].min_khz // 1000}/{bounds[0].max_khz // 1000} MHz, clos-3 min/max "
+            f"{bounds[3].min_khz // 1000}/{bounds[3].max_khz // 1000} MHz"
+        )
+        c.check(
+            (bounds[0].min_khz, bounds[0].max_khz) == (2_300_000, 4_600_000)
+            and (bounds[3].min_khz, bounds[3].max_khz) == (800_000, 2_300_000),
+            f"pkg {pu.package} punit {pu.punit}: CLOS bounds match the programmed CLOS lines",
+        )
+
     section("6.3 per-CPU associations (core-power get-assoc)")
     all_hp = [cpu for p in hp for cpu in cpuset.ids(p.cpus)]
     lp_cpus = cpuset.ids(lp.cpus)

@@ -30,6 +30,7 @@ def test_default_demo_is_the_spec_walkthrough() -> None:
         "== 5.",
         "== 6.1",
         "== 6.5",
+        "== 6.2",
         "== 6.3",
         "== 6.4",
         "== 7.",
