@@ -33,9 +33,13 @@ from nri_sst import messages as m
 MIN, BASE, TURBO = 800_000, 2_900_000, 3_800_000  # n4c16's cpufreq
 
 
+_TREES = tempfile.TemporaryDirectory(prefix="cpuclass-")
+"""Every cached topology's sysfs tree; removed when the test process exits."""
+
+
 @functools.cache
 def topology(name: str = "n4c16") -> Topology:
-    root = Path(tempfile.mkdtemp(prefix=f"cpuclass-{name}-"))
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_TREES.name))
     write_topology(root, name)
     return Topology.from_sysfs(str(root))
 

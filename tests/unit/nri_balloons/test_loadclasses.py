@@ -33,9 +33,13 @@ balloonTypes:
 """
 
 
+_TREES = tempfile.TemporaryDirectory(prefix="loadclasses-")
+"""The cached topology's sysfs tree; removed when the test process exits."""
+
+
 @functools.cache
 def n4c16() -> Topology:
-    root = Path(tempfile.mkdtemp(prefix="n4c16-"))
+    root = Path(tempfile.mkdtemp(prefix="n4c16-", dir=_TREES.name))
     write_topology(root, "n4c16")
     return Topology.from_sysfs(str(root))
 

@@ -46,9 +46,13 @@ balloonTypes:
 TOPOLOGIES = ["n4c16", "xeon-6776p", "s8c4k", "cpus:3"]
 
 
+_TREES = tempfile.TemporaryDirectory(prefix="topo-")
+"""Every cached topology's sysfs tree; removed when the test process exits."""
+
+
 @functools.cache
 def topology(name: str) -> Topology:
-    root = Path(tempfile.mkdtemp(prefix=f"topo-{name.replace(':', '-')}-"))
+    root = Path(tempfile.mkdtemp(prefix=f"{name.replace(':', '-')}-", dir=_TREES.name))
     write_topology(root, name)
     return Topology.from_sysfs(str(root))
 
