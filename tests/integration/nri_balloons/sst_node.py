@@ -95,6 +95,8 @@ class Node:
     work: Path
     pods: dict[str, str] = field(default_factory=dict)
     containers: dict[str, str] = field(default_factory=dict)
+    cmd: list[str] = field(default_factory=list)
+    """the plugin's command line (for restarts)"""
 
     def cpu_file(self, cpu: int, rel: str) -> str:
         path = self.host_root / "sys/devices/system/cpu" / f"cpu{cpu}" / rel
@@ -166,12 +168,12 @@ async def node(
         async with SimulatedRuntime(work / "nri.sock") as rt:
             cmd = plugin_command(work / "nri.sock", host_root, work / "state", cfg)
             cmd += ["--sst-helper", helper.endpoint, "--log-level", log_level]
-            plugin = await PluginProcess.launch(cmd)
+            n = Node(rt, await PluginProcess.launch(cmd), helper, host_root, work, cmd=cmd)
             try:
-                await wait_registered(rt, plugin, 10)
-                yield Node(rt, plugin, helper, host_root, work)
+                await wait_registered(rt, n.plugin, 10)
+                yield n
             finally:
-                await plugin.stop()
+                await n.plugin.stop()  # the one running now: a test may restart it
     finally:
         helper.stop()
         shutil.rmtree(work, ignore_errors=True)

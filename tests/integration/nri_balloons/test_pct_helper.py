@@ -7,6 +7,7 @@ from the helper over its socket; C-states from the files the helper wrote."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -159,3 +160,26 @@ async def test_dead_helper_degrades_pct_not_containers() -> None:
         clos = clos_of(n, list(range(256)))
         assert {c for c, k in clos.items() if k == 0} == hp
         assert all(n.disabled(c) == {"C6", "C6P"} for c in hp)
+
+
+async def test_plugin_restart_keeps_placement_and_clos() -> None:
+    """SIGKILL of the plugin: the restarted one restores its balloons from the
+    state dir, programs SST again and every CPU ends on the same CLOS."""
+    from nri_framework.simulate.scenario import PluginProcess, wait_registered
+
+    async with node(SPEC, topology="xeon-6776p") as n:
+        hp, lp = await spec_pods(n)
+        before = clos_of(n, list(range(256)))
+        await asyncio.sleep(0.3)  # the state file is written off the reply path
+        n.plugin.kill()
+        await n.plugin.proc.wait()
+        n.plugin = await PluginProcess.launch(n.cmd)
+        await wait_registered(n.rt, n.plugin, 20)
+        await n.plugin.wait_output("synchronized 5 pod(s), 5 container(s)", 20)
+        await n.plugin.wait_output("to CLOS 3", 20, count=2)  # startup, then after the restore
+        names = [f"pct-hp-{i}" for i in range(1, 5)] + ["pct-lp"]
+        for name, cpus in zip(names, [*hp, lp], strict=True):
+            c = n.rt.container(n.containers[name])
+            assert c.resources and c.resources.cpu
+            assert set(cpuset.ids(cpuset.parse(c.resources.cpu.cpus))) == cpus
+        assert clos_of(n, list(range(256))) == before
