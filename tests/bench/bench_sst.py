@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import zmq
 from _results import Figure, pct, show, write
 from nri_framework.simulate.sysfs import write_topology
 from nri_sst import messages as m
@@ -111,6 +112,44 @@ def measure_sync(endpoint: str, rounds: int) -> list[float]:
         c.close()
 
 
+ECHO = """
+import sys, zmq
+s = zmq.Context.instance().socket(zmq.ROUTER)
+s.bind(sys.argv[1])
+while True:
+    f = s.recv_multipart()
+    s.send_multipart(f)
+    if f[-1] == b"stop":
+        break
+"""
+
+
+def measure_floor(tmp: Path, rounds: int) -> list[float]:
+    """The same exchange with a bare pyzmq ROUTER that echoes: the floor this
+    machine puts under any helper round trip (context, not a target)."""
+    endpoint = f"ipc://{tmp / 'echo.sock'}"
+    proc = subprocess.Popen([sys.executable, "-c", ECHO, endpoint])
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        frames = [b"", b"12345678", m.encode(m.GetClosConfig(clos=0))]
+        sock.send_multipart(frames)
+        sock.recv_multipart()  # connected
+        rt: list[float] = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            sock.send_multipart(frames)
+            sock.recv_multipart()
+            rt.append(time.perf_counter() - t0)
+        sock.send_multipart([b"", b"", b"stop"])
+        sock.recv_multipart()
+        return rt
+    finally:
+        sock.close(0)
+        proc.wait(10)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2000)
@@ -140,12 +179,20 @@ def main() -> int:
                 time.sleep(0.02)
             timed = asyncio.run(measure(f"ipc://{sock}", args.rounds))
             rt_sync = measure_sync(f"ipc://{sock}", args.rounds)
+            floor = measure_floor(Path(tmp), args.rounds)
             rss = rss_mb(proc.pid)
         finally:
             proc.terminate()
             proc.wait(10)
     state = "with" if args.state_file else "without"
     figures = [
+        Figure(
+            "sst.zmq_floor_p50",
+            "bare pyzmq ipc echo round trip p50 (this machine's floor)",
+            pct(floor, 0.5) * 1e6,
+            "us",
+            note="context",
+        ),
         Figure(
             "sst.rt_sync_p50",
             "helper round trip p50, blocking client (the plugin's path), ipc",

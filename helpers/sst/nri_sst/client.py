@@ -205,6 +205,7 @@ class SyncHelperClient(_Base):
         super().__init__(endpoint, timeout, client)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock: zmq.Socket[bytes] | None = None
+        self._rcvtimeo = -1
 
     def _socket(self) -> zmq.Socket[bytes]:
         if self.sock is None:
@@ -217,6 +218,7 @@ class SyncHelperClient(_Base):
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None
+        self._rcvtimeo = -1
         self.hello = None
 
     def __enter__(self) -> SyncHelperClient:
@@ -244,14 +246,21 @@ class SyncHelperClient(_Base):
                     time.sleep(0.002)
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                    raise HelperUnavailable(
-                        f"helper at {self.endpoint} did not answer {type(req).__name__} "
-                        f"within {timeout * 1000:.0f} ms"
-                    )
+                if left <= 0:
+                    raise zmq.Again()
+                ms = int(left * 1000) + 1
+                if ms != self._rcvtimeo:  # a blocking receive with a timeout:
+                    sock.setsockopt(zmq.RCVTIMEO, ms)  # one call, no separate poll
+                    self._rcvtimeo = ms
                 reply = self._parse(rid, sock.recv_multipart())
                 if reply is not None:
                     return reply
+        except zmq.Again:
+            self.close()
+            raise HelperUnavailable(
+                f"helper at {self.endpoint} did not answer {type(req).__name__} "
+                f"within {timeout * 1000:.0f} ms"
+            ) from None
         except HelperUnavailable:
             self.close()
             raise

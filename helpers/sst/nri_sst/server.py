@@ -63,18 +63,16 @@ class Server:
     def serve_forever(self) -> int:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
         log.info(
             "nri-sst-helper: serving on %s (backend %s)", self.endpoint, self.handler.backend.name
         )
         backend = self.handler.backend
         while not self.stopping:
             try:
-                events = dict(poller.poll(10 if backend.has_deferred() else 100))
+                ready = self.sock.poll(10 if backend.has_deferred() else 100, zmq.POLLIN)
             except zmq.ZMQError:
                 continue  # EINTR from a signal
-            if self.sock in events:
+            if ready:
                 self.serve_one()
             elif backend.has_deferred():
                 backend.idle()
