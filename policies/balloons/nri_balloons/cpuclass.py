@@ -492,13 +492,7 @@ class CpuClassHandler:
     def hints(self, name: str, requested: int, free: int, current: int) -> Hints:
         """Placement hints of class ``name`` for adding ``requested`` CPUs of
         ``free`` to a balloon holding ``current`` (upstream ``Hints``; PCT's)."""
-        hints = self.pct.hints(name, requested, free & self.allowed, current)
-        hints.prefer = [
-            (n, [s & self.allowed for s in sets if s & self.allowed]) for n, sets in hints.prefer
-        ]
-        hints.prefer = [(n, sets) for n, sets in hints.prefer if sets]
-        hints.avoid = [(n, c & self.allowed) for n, c in hints.avoid if c & self.allowed]
-        return hints
+        return self.pct.hints(name, requested, free, current)
 
     def close(self) -> None:
         self.writer.close()

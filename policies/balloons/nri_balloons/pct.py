@@ -54,14 +54,6 @@ class PctError(Exception):
     """A PCT plan that cannot be applied (upstream ``cpuclass: pct configure``)."""
 
 
-class Unavailable(Exception):
-    """The helper cannot be reached now."""
-
-
-class Refused(Exception):
-    """The helper refused a request."""
-
-
 @dataclass(frozen=True)
 class Plan:
     """What one PCT cpuClass asks for."""
@@ -157,7 +149,6 @@ class PctAllocator:
         self.punit_of: dict[int, int] = {}
         self.hp_classes: set[str] = set()
         self.hp_eligible: set[int] = set()
-        self.hp_used: dict[int, int] = {}
         self.fallback_clos = 0
         self.want: dict[int, int] = {}
         """cpu -> the CLOS it must be on"""
@@ -191,16 +182,13 @@ class PctAllocator:
         return bool(self.writer.endpoint)
 
     def _request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        """One request; raises the writer's :class:`WriterUnavailable` or
+        :class:`WriteRefused`."""
         if timeout is None:
             timeout = self.timeout
         elif self.timeout is not None:
             timeout = max(timeout, self.timeout)
-        try:
-            reply = self.writer.request(req, timeout)
-        except WriterUnavailable as exc:
-            raise Unavailable(str(exc)) from None
-        except WriteRefused as exc:
-            raise Refused(str(exc)) from None
+        reply = self.writer.request(req, timeout)
         self.requests_sent += 1
         return reply
 
@@ -233,7 +221,6 @@ class PctAllocator:
             log.debug("pct: SST already set up for this plan; keeping it")
             self.want = {}
             self.class_of = {}
-            self.hp_used = {}
             self.pending = 0
             return
         if self.mode == "managed" and mode != "managed":
@@ -243,7 +230,6 @@ class PctAllocator:
         self.allowed = allowed
         self.mode = ""
         self.wanted_mode = mode
-        self.hp_used = {}
         self.hp_classes = set()
         self.hp_eligible = set()
         self.fallback_clos = 0
@@ -267,7 +253,7 @@ class PctAllocator:
         self.need_program = True
         try:
             self._program()
-        except Unavailable as exc:
+        except WriterUnavailable as exc:
             self._degrade(exc)
         except PctError as exc:
             # the helper refused to program SST: PCT is off, placement goes on
@@ -282,7 +268,7 @@ class PctAllocator:
         state (what the helper also does when it stops in managed mode)."""
         try:
             reply = self._request(m.Teardown(), self.slow_timeout)
-        except (Unavailable, Refused) as exc:
+        except (WriterUnavailable, WriteRefused) as exc:
             log.warning("pct: managed mode left, but SST could not be reset: %s", exc)
             return
         assert isinstance(reply, m.TeardownReply)
@@ -384,11 +370,6 @@ class PctAllocator:
         else:
             self.hp_classes = set()
             self._program_assoc_only()
-        self.hp_used = {}
-        for cpu, name in self.class_of.items():
-            idx = self.punit_of.get(cpu)
-            if name in self.hp_classes and idx is not None:
-                self.hp_used[idx] = self.hp_used.get(idx, 0) | 1 << cpu
         self.mode = mode
         self.need_program = False
         self.programmed_generation = self.generation
@@ -397,7 +378,7 @@ class PctAllocator:
     def _program_managed(self) -> None:
         try:
             reply = self._request(m.PrepareManagedMode(), self.slow_timeout)
-        except Refused as exc:
+        except WriteRefused as exc:
             raise PctError(f"pct: failed to prepare managed mode: {exc}") from None
         assert isinstance(reply, m.PrepareManagedModeReply)
         log.debug(
@@ -424,12 +405,12 @@ class PctAllocator:
                 self._request(
                     m.ConfigureClos(clos=clos, min_khz=plan.min_khz, max_khz=plan.max_khz)
                 )
-            except Refused as exc:
+            except WriteRefused as exc:
                 raise PctError(f"pct: failed to configure CLOS {clos}: {exc}") from None
             log.info("pct: programmed CLOS %d min=%d max=%d kHz", clos, plan.min_khz, plan.max_khz)
         try:
             reply = self._request(m.EnableCP())
-        except Refused as exc:
+        except WriteRefused as exc:
             raise PctError(f"pct: failed to enable SST-CP: {exc}") from None
         assert isinstance(reply, m.EnableCPReply)
         log.debug("pct: EnableCP done on %d punit(s)", reply.punits)
@@ -456,7 +437,7 @@ class PctAllocator:
         for clos in sorted({p.clos for p in self.plans.values()}):
             try:
                 reply = self._request(m.GetClosConfig(clos=clos))
-            except Refused as exc:
+            except WriteRefused as exc:
                 log.warning("pct: assoc-only: GetClosConfig(%d) failed: %s", clos, exc)
                 continue
             assert isinstance(reply, m.GetClosConfigReply)
@@ -486,7 +467,7 @@ class PctAllocator:
                     )
         try:
             tf = self._request(m.TFStatus())
-        except Refused as exc:
+        except WriteRefused as exc:
             log.warning("pct: assoc-only: cannot read SST-TF status: %s", exc)
         else:
             assert isinstance(tf, m.TFStatusReply)
@@ -507,7 +488,7 @@ class PctAllocator:
         cpus = sorted(self.punit_of)
         try:
             reply = self._request(m.GetAssociation(cpus=cpus))
-        except Refused as exc:
+        except WriteRefused as exc:
             log.warning("pct: assoc-only: cannot read CPU associations: %s", exc)
             self.known = {}
         else:
@@ -532,10 +513,10 @@ class PctAllocator:
             return self.need_program or self.degraded
         try:
             self._request(m.GetAssociation(cpus=[min(self.punit_of)]))
-        except Unavailable as exc:
+        except WriterUnavailable as exc:
             self._degrade(exc)
             return True
-        except Refused:
+        except WriteRefused:
             return False
         if self.generation != self.programmed_generation:
             log.warning("pct: SST helper reconnected; programming SST state again")
@@ -554,14 +535,6 @@ class PctAllocator:
             return
         for cpu in cpuset.ids(cpus):
             self.class_of[cpu] = name
-        if self.hp_classes:
-            for idx in list(self.hp_used):
-                self.hp_used[idx] &= ~cpus
-            if name in self.hp_classes:
-                for cpu in cpuset.ids(cpus):
-                    pidx = self.punit_of.get(cpu)
-                    if pidx is not None:
-                        self.hp_used[pidx] = self.hp_used.get(pidx, 0) | 1 << cpu
         plan = self.plans.get(name)
         if plan is not None:
             clos = plan.clos
@@ -598,7 +571,7 @@ class PctAllocator:
                     self.pending = 0
                     return True
                 self._associate_pending()
-            except Unavailable as exc:
+            except WriterUnavailable as exc:
                 self._degrade(exc)
                 return False
             except PctError as exc:
@@ -625,7 +598,7 @@ class PctAllocator:
             text = cpuset.format(cpuset.from_ids(cpus))
             try:
                 self._request(m.AssociateCpus(clos=clos, cpus=cpus))
-            except Refused as exc:
+            except WriteRefused as exc:
                 log.warning(
                     "cpuclass: pct failed to apply class on CPUs %s: "
                     "pct: associate cpus %s to CLOS %d: %s",
@@ -644,6 +617,8 @@ class PctAllocator:
     # -- hints (§13.6) ------------------------------------------------------------------
 
     def hints(self, name: str, requested: int, free: int, current: int) -> Hints:
+        """Upstream ``Hints(intent)``; every candidate set is non-empty and
+        within the allowed CPUs."""
         out = Hints()
         if not self.mode or requested < 1:
             return out
@@ -660,24 +635,33 @@ class PctAllocator:
             return out
         if self.hp_classes:
             in_use = 0
-            for idx, used in self.hp_used.items():
-                if used:
-                    in_use |= self.punits[idx].cpus
+            for idx in self._hp_used():
+                in_use |= self.punits[idx].cpus
             if in_use:
                 out.avoid.append(("sst-hp-in-use", in_use & self.allowed))
         return out
 
-    def _room(self, idx: int, current: int) -> int:
+    def _hp_used(self) -> dict[int, int]:
+        """punit index -> the CPUs an HP class runs on there (from ``class_of``)."""
+        used: dict[int, int] = {}
+        for cpu, name in self.class_of.items():
+            idx = self.punit_of.get(cpu)
+            if idx is not None and name in self.hp_classes:
+                used[idx] = used.get(idx, 0) | 1 << cpu
+        return used
+
+    def _room(self, idx: int, current: int, used: dict[int, int]) -> int:
         pu = self.punits[idx]
         if pu.max_hp <= 0:
             return 0
-        return pu.max_hp - (self.hp_used.get(idx, 0) & ~current).bit_count()
+        return pu.max_hp - (used.get(idx, 0) & ~current).bit_count()
 
     def _hp_reserve(self, free: int, current: int, requested: int) -> list[int]:
         """Upstream ``hpReserveCpus``: disjoint candidate sets, best first."""
         if not any(pu.max_hp > 0 for pu in self.punits):
             return []
         need = max(requested, 1)
+        used = self._hp_used()
         # Sorted by room, then free CPUs, then ids (upstream); unlike upstream a
         # growing balloon first stays on the punit it is on (its HP budget).
         tier_a: list[tuple[bool, int, int, int, int, int]] = []
@@ -685,7 +669,7 @@ class PctAllocator:
             if idx not in self.hp_eligible:
                 continue
             pfree = free & pu.cpus
-            room = self._room(idx, current)
+            room = self._room(idx, current, used)
             if pfree.bit_count() >= need and room >= need:
                 away = not current & pu.cpus
                 tier_a.append((away, -room, -pfree.bit_count(), pu.package, pu.punit, idx))
@@ -707,7 +691,7 @@ class PctAllocator:
         for idx, pu in enumerate(self.punits):
             if idx not in self.hp_eligible:
                 continue
-            room = self._room(idx, current)
+            room = self._room(idx, current, used)
             pfree = free & pu.cpus
             if room > 0 and pfree:
                 r, f = per_pkg.get(pu.package, (0, 0))
