@@ -10,6 +10,7 @@ a thin loop around it; tests drive it directly.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from nri_sst import PROTOCOL_VERSION, validate
@@ -34,6 +35,8 @@ class RequestHandler:
         self.managed = False
         """True after PrepareManagedMode until Teardown: SIGTERM then resets SST."""
         self.peers: set[bytes] = set()
+        self.instance = os.urandom(8).hex()
+        """Random per process (HelloReply.instance): a restarted helper is a new one."""
         for w in self.platform.warnings:
             log.warning("sst: %s", w)
 
@@ -61,6 +64,7 @@ class RequestHandler:
                 backend=self.backend.name,
                 sst_supported=self.platform.supported,
                 capabilities=list(CAPABILITIES),
+                instance=self.instance,
             )
         if peer not in self.peers:
             raise m.HelperError("handshake-required", "send Hello first")
@@ -82,10 +86,15 @@ class RequestHandler:
             return self.discover(), False
         if isinstance(req, m.PrepareManagedMode):
             sst = self._sst()
-            sst.prepare_managed_mode()
+            reset = sst.prepare_managed_mode(req.keep_programmed)
             self.managed = True
-            log.info("sst: PrepareManagedMode done (CPReset+TFEnable+CPSetPriorityType=ordered)")
-            return m.PrepareManagedModeReply(punits=len(sst.punits)), True
+            if reset:
+                log.info(
+                    "sst: PrepareManagedMode done (CPReset+TFEnable+CPSetPriorityType=ordered)"
+                )
+            else:
+                log.info("sst: PrepareManagedMode: SST already in managed state; kept as is")
+            return m.PrepareManagedModeReply(punits=len(sst.punits), reset=reset), reset
         if isinstance(req, m.ConfigureClos):
             clos = validate.clos(req.clos)
             validate.clos_freqs(mc, req.min_khz, req.max_khz, req.proportional_priority)
@@ -102,8 +111,8 @@ class RequestHandler:
             cpus = validate.cpus(mc, req.cpus)
             sst = self._sst()
             validate.sst_cpus(mc, sst.punit_of, cpus)
-            sst.associate(clos, cpus)
-            return m.AssociateCpusReply(clos=clos, cpus=cpus), True
+            moved = sst.associate(clos, cpus)
+            return m.AssociateCpusReply(clos=clos, cpus=moved), True
         if isinstance(req, m.GetAssociation):
             cpus = validate.cpus(mc, req.cpus)
             sst = self._sst()

@@ -167,7 +167,15 @@ class Discover(_Msg, frozen=True, tag="discover"):
 
 
 class PrepareManagedMode(_Msg, frozen=True, tag="prepare-managed-mode"):
-    """Per package: CPReset, TFEnable, CPSetPriorityType(ordered) (sst.md §3.5)."""
+    """Per package: CPReset, TFEnable, CPSetPriorityType(ordered) (sst.md §3.5).
+
+    ``keep_programmed``: when every package is already in managed state (CP
+    enabled with ordered priority, TF enabled where the level supports it),
+    only enter managed mode (SIGTERM then resets SST) and leave CLOS bounds
+    and associations as they are: a client that re-programs the same plan
+    after a helper restart must not put every core on CLOS 0 meanwhile."""
+
+    keep_programmed: bool = False
 
 
 class ConfigureClos(_Msg, frozen=True, tag="configure-clos"):
@@ -260,6 +268,10 @@ class HelloReply(_Msg, frozen=True, tag="hello-reply"):
     backend: str
     sst_supported: bool
     capabilities: list[str]
+    instance: str = ""
+    """Random per helper process: the same value on a re-handshake (an evicted
+    peer, a client's new socket after a timeout) means the helper's SST state
+    is still what this client programmed; a new value means a restarted helper."""
 
 
 class DiscoverReply(_Msg, frozen=True, tag="discover-reply"):
@@ -276,6 +288,8 @@ class DiscoverReply(_Msg, frozen=True, tag="discover-reply"):
 
 class PrepareManagedModeReply(_Msg, frozen=True, tag="prepare-managed-mode-reply"):
     punits: int
+    reset: bool = True
+    """False when ``keep_programmed`` found SST already in managed state."""
 
 
 class ConfigureClosReply(_Msg, frozen=True, tag="configure-clos-reply"):
@@ -290,6 +304,8 @@ class EnableCPReply(_Msg, frozen=True, tag="enable-cp-reply"):
 class AssociateCpusReply(_Msg, frozen=True, tag="associate-cpus-reply"):
     clos: int
     cpus: list[int]
+    """Every online CPU now on ``clos``: CLOS is per core, so the requested
+    CPUs and all their online sibling threads."""
 
 
 class GetAssociationReply(_Msg, frozen=True, tag="get-association-reply"):

@@ -223,12 +223,31 @@ class SstPlatform:
                 od = cur.ordered if ordered is None else ordered
                 self.backend.core_power_set(pkg, pu.punit, en, od)
 
-    def prepare_managed_mode(self) -> None:
-        """nri-plugins order per package: CPReset, TFEnable, CPSetPriorityType(ordered)."""
+    def in_managed_state(self) -> bool:
+        """Every punit has CP enabled with ordered priority, and TF enabled
+        where its current level supports it: what :meth:`prepare_managed_mode`
+        leaves behind."""
+        for (pkg, pd), _pu in sorted(self.punits.items()):
+            with hardware(f"CORE_POWER_STATE pkg {pkg} punit {pd}"):
+                cp = self.backend.core_power_get(pkg, pd)
+            with hardware(f"PERF_LEVELS pkg {pkg} punit {pd}"):
+                pl = self.backend.perf_levels(pkg, pd)
+            tf_supported = bool(pl.tf_support >> pl.current_level & 1)
+            if not (cp.enable and cp.ordered) or (tf_supported and not pl.feature_state & 0b10):
+                return False
+        return True
+
+    def prepare_managed_mode(self, keep_programmed: bool = False) -> bool:
+        """nri-plugins order per package: CPReset, TFEnable, CPSetPriorityType(ordered).
+        With ``keep_programmed`` and SST already in managed state, nothing is
+        written. True when SST was reset."""
+        if keep_programmed and self.in_managed_state():
+            return False
         for pkg in self.packages():
             self.cp_reset(pkg)
             self.tf_set(pkg, True)
             self.cp_set(pkg, ordered=True)
+        return True
 
     def configure_clos(self, clos: int, min_khz: int, max_khz: int, prop: int) -> None:
         param = ClosParam(min_mhz=min_khz // 1000, max_mhz=max_khz // 1000, prop_prio=prop)
@@ -248,15 +267,21 @@ class SstPlatform:
             self.tf_set(pkg, False)
             self.cp_set(pkg, enable=False)
 
-    def associate(self, clos: int, cpus: list[int]) -> None:
-        """Group CPUs by punit, one CLOS_ASSOC per <= 64 distinct cores."""
+    def associate(self, clos: int, cpus: list[int]) -> list[int]:
+        """Group CPUs by punit, one CLOS_ASSOC per <= 64 distinct cores.
+        Returns every CPU now on ``clos``: CLOS is per core, so the requested
+        CPUs and their sibling threads."""
         by_punit: dict[tuple[int, int], set[int]] = {}
         for cpu in cpus:
             key = self.punit_of[cpu]
             by_punit.setdefault(key, set()).add(self.punits[key].core_of[cpu])
+        moved: list[int] = []
         for key in sorted(by_punit):
             pu = self.punits[key]
-            self._assoc(pu, [(core, clos) for core in sorted(by_punit[key])], "ClosAssociate")
+            cores = by_punit[key]
+            self._assoc(pu, [(core, clos) for core in sorted(cores)], "ClosAssociate")
+            moved += [c for c, core in pu.core_of.items() if core in cores]
+        return sorted(moved)
 
     def get_association(self, cpus: list[int]) -> dict[int, int]:
         out: dict[int, int] = {}

@@ -79,6 +79,49 @@ def test_managed_sequence_and_teardown(small_root: Path) -> None:
     assert tail == ["clos-param"] * 4 + ["clos-assoc", "feature", "cp"]
 
 
+def test_association_is_per_core_and_reported_so(small_root: Path) -> None:
+    """SST associates cores: asking for one thread moves its sibling too, and
+    the reply names both (SMT sibling = cpu + 8 on the small machine)."""
+    h = RequestHandler(SimBackend(SMALL_SIM), small_root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    r = h.dispatch(m.AssociateCpus(clos=2, cpus=[3]))
+    assert r == m.AssociateCpusReply(clos=2, cpus=[3, 11])
+    assert h.dispatch(m.GetAssociation(cpus=[3, 11])) == m.GetAssociationReply(clos={3: 2, 11: 2})
+
+
+def test_keep_programmed_leaves_managed_state_alone(small_root: Path) -> None:
+    """A re-programming client (helper restarted, same plan) asks to keep the
+    state: no CPReset when SST is already managed, a full prepare otherwise."""
+    sim = SimBackend(SMALL_SIM)
+    h = RequestHandler(sim, small_root)
+    h.peers.add(b"")
+    first = h.dispatch(m.PrepareManagedMode(keep_programmed=True))
+    assert first == m.PrepareManagedModeReply(punits=4, reset=True)  # not managed yet
+    h.dispatch(m.ConfigureClos(clos=1, min_khz=2_300_000, max_khz=4_600_000))
+    h.dispatch(m.EnableCP())
+    h.dispatch(m.AssociateCpus(clos=1, cpus=[2]))
+    again = RequestHandler(sim, small_root)  # a restarted helper over the same hardware
+    again.peers.add(b"")
+    assert again.instance != h.instance
+    kept = again.dispatch(m.PrepareManagedMode(keep_programmed=True))
+    assert kept == m.PrepareManagedModeReply(punits=4, reset=False) and again.managed
+    assert again.dispatch(m.GetAssociation(cpus=[2])) == m.GetAssociationReply(clos={2: 1})
+    cfg = again.dispatch(m.GetClosConfig(clos=1))
+    assert isinstance(cfg, m.GetClosConfigReply) and cfg.config.max_khz == 4_600_000
+    reset = again.dispatch(m.PrepareManagedMode())
+    assert reset == m.PrepareManagedModeReply(punits=4, reset=True)
+    assert again.dispatch(m.GetAssociation(cpus=[2])) == m.GetAssociationReply(clos={2: 0})
+
+
+def test_hello_reply_names_the_helper_instance(small_root: Path) -> None:
+    h = RequestHandler(SimBackend(SMALL_SIM), small_root)
+    a = h.dispatch(m.Hello(protocol=1), b"a")
+    b = h.dispatch(m.Hello(protocol=1), b"b")
+    assert isinstance(a, m.HelloReply) and isinstance(b, m.HelloReply)
+    assert a.instance == b.instance and len(a.instance) == 16
+
+
 def test_every_request_gets_its_typed_reply(handler: RequestHandler) -> None:
     for req in REQUESTS:
         reply = m.decode_reply(handler.handle(m.encode(req), b"fuzz"))
