@@ -1,13 +1,26 @@
-"""Clients of the helper: :class:`HelperClient` (asyncio) and :class:`SyncHelperClient`.
+"""The helper's client: one sans-IO core (:class:`Session`) and two thin
+shells around it, :class:`SyncHelperClient` (blocking) and
+:class:`HelperClient` (asyncio).
 
-Both are ZeroMQ DEALERs with a per-request timeout (default 100 ms). Each
-request carries an 8-byte id; replies with another id (late answers to timed
-out requests) are dropped. A timeout, a helper that is not there, or a helper
-speaking garbage raises :class:`HelperUnavailable`; a typed refusal raises
-:class:`HelperRequestError` with the helper's code and message. ZeroMQ
-reconnects by itself; after a timeout the socket is recreated so no stale
-request is delivered to a restarted helper, and the Hello handshake is redone
-transparently when the helper asks for it.
+The core decides everything that is not I/O (the model is h11): request ids
+(8 bytes, from a random start), the handshake (``Hello`` before anything
+else on a connection, once more when the helper answers
+``handshake-required``), which reply belongs to which request (late answers
+to timed-out requests are dropped), the deadline of a call (one for the
+whole call, Hello included, from an injectable clock), the connect grace of
+a new socket, and what a failure means:
+
+* a timeout, garbage or a reply of the wrong type raises
+  :class:`HelperUnavailable` and asks the shell for a new socket (no stale
+  request is delivered to a restarted helper), with the handshake redone;
+* a send to a helper that is not connected fails at once (after the short
+  :data:`CONNECT_GRACE` of a new socket), it never waits for the helper;
+* a typed refusal raises :class:`HelperRequestError`.
+
+``HelloReply.instance`` is random per helper process: :attr:`Session.generation`
+changes only when it does (a restarted helper, whose SST state may be gone),
+not on a re-handshake with the same helper (our peer evicted after other
+clients said hello, our own socket recreated after a timeout).
 
 Typical use::
 
@@ -22,6 +35,8 @@ import asyncio
 import itertools
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -33,7 +48,16 @@ from nri_sst import PROTOCOL_VERSION
 from nri_sst import messages as m
 
 DEFAULT_TIMEOUT = 0.1
+"""Seconds per call unless the caller says otherwise (the plugin's reply budget)."""
+CONNECT_GRACE = 0.02
+"""Seconds a new socket may take to connect before a send fails (an ipc
+connection to a running helper takes well under a millisecond)."""
+MAX_REPLY_SIZE = 4 * 1024 * 1024
+"""Largest reply accepted (ZeroMQ drops a connection sending more; checked
+again before decoding)."""
+
 R = TypeVar("R")
+Clock = Callable[[], float]
 
 
 class HelperUnavailable(Exception):
@@ -49,177 +73,255 @@ class HelperRequestError(Exception):
         self.message = error.message
 
 
-def _configure(sock: zmq.Socket[Any]) -> None:
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1)
-    sock.setsockopt(zmq.RECONNECT_IVL, 20)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+@dataclass(frozen=True)
+class Send:
+    """The next frames of a call to send (the request after its Hello)."""
+
+    frames: list[bytes]
 
 
-def _expect(req: m.Request, reply: m.Reply) -> m.Reply:
-    if isinstance(reply, m.ErrorReply):
-        raise HelperRequestError(reply)
-    want = m.REPLY_FOR[type(req)]
-    if not isinstance(reply, want):
-        raise HelperUnavailable(f"helper answered {type(reply).__name__} to {type(req).__name__}")
-    return reply
+class Session:
+    """The client's state towards one helper endpoint, without I/O.
 
+    A shell calls :meth:`connecting` whenever it (re)creates its socket,
+    :meth:`begin` for each request, and drives the returned :class:`Call`.
+    """
 
-class _Base:
-    def __init__(self, endpoint: str, timeout: float, client: str) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        client: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.endpoint = endpoint
-        self.timeout = timeout
         self.client = client
+        self.timeout = timeout
+        self.clock = clock
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 16)
-        self._hello_reply: m.HelloReply | None = None
+        self.hello: m.HelloReply | None = None
+        """The handshake of the current connection (None: Hello first)."""
+        self.instance = ""
+        """The helper process that answered the last handshake ("" before one)."""
+        self.generation = 0
+        """How many helper processes this session has met: changes only when
+        ``instance`` does (a restarted helper), never on a re-handshake."""
         self.handshakes = 0
-        """How many Hello handshakes succeeded: a change tells a caller that the
-        connection was re-established (a timeout, or a restarted helper that
-        asked for the handshake again), so helper-side state may be gone."""
+        self.needs_socket = True
+        """The shell must (re)create its socket before the next send."""
+        self._grace_until = 0.0
 
-    @property
-    def hello(self) -> m.HelloReply | None:
-        """The reply of the current connection's handshake."""
-        return self._hello_reply
+    # -- shell events ------------------------------------------------------------
 
-    @hello.setter
-    def hello(self, reply: m.HelloReply | None) -> None:
-        if reply is not None:
-            self.handshakes += 1
-        self._hello_reply = reply
+    def connecting(self) -> None:
+        """The shell created a new socket: a new peer for the helper."""
+        self.needs_socket = False
+        self.hello = None
+        self._grace_until = self.clock() + CONNECT_GRACE
+
+    def lost(self) -> None:
+        """The connection can no longer be trusted (a timeout, garbage): a new
+        socket and a new handshake before the next request."""
+        self.needs_socket = True
+        self.hello = None
+
+    def begin(self, req: m.Request, timeout: float | None = None) -> Call:
+        """Start a call; its deadline is ``timeout`` (or the session's) from now."""
+        t = self.timeout if timeout is None else timeout
+        return Call(self, req, self.clock() + t, t)
+
+    # -- core decisions ----------------------------------------------------------
 
     def _frames(self, req: m.Request) -> tuple[bytes, list[bytes]]:
         rid = (next(self._ids) & (2**64 - 1)).to_bytes(8, "little")
         return rid, [b"", rid, m.encode(req)]
 
-    @staticmethod
-    def _parse(rid: bytes, frames: list[bytes]) -> m.Reply | None:
-        if len(frames) != 3 or frames[0] != b"" or frames[1] != rid:
-            return None  # a late reply to an earlier request
-        try:
-            return m.decode_reply(frames[2])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise HelperUnavailable(f"undecodable reply from helper: {exc}") from None
-
-    def _hello(self) -> m.Hello:
+    def _hello_request(self) -> m.Hello:
         return m.Hello(protocol=PROTOCOL_VERSION, capabilities=[], client=self.client)
 
+    def _handshake(self, reply: m.HelloReply) -> None:
+        self.hello = reply
+        self.handshakes += 1
+        # a helper that does not say which process it is: every handshake may
+        # be a restarted one
+        instance = reply.instance or f"unnamed-{self.handshakes}"
+        if instance != self.instance:
+            self.instance = instance
+            self.generation += 1
 
-class HelperClient(_Base):
-    """asyncio DEALER client; one request in flight at a time (serialised)."""
+    def grace_left(self) -> float:
+        """Seconds a send may still wait for a new socket to connect."""
+        return max(self._grace_until - self.clock(), 0.0)
+
+
+class Call:
+    """One request as the session runs it: Hello first when this connection
+    has not said it, then the request; once more Hello and the request when
+    the helper asks for the handshake (it evicted our peer, or restarted)."""
+
+    def __init__(self, session: Session, req: m.Request, deadline: float, timeout: float) -> None:
+        self.session = session
+        self.request = req
+        self.deadline = deadline
+        self.timeout = timeout
+        self._rehello_done = False
+        self._in_hello = session.hello is None and not isinstance(req, m.Hello)
+        self.rid, self.frames = session._frames(session._hello_request() if self._in_hello else req)
+        """The frames to send now; :meth:`receive` may return the next ones."""
+
+    def remaining(self) -> float:
+        """Seconds left until the deadline (at most 0 when it has passed)."""
+        return self.deadline - self.session.clock()
+
+    def send_wait(self) -> float:
+        """How long a send may wait for the connection: the connect grace of a
+        new socket, never beyond the deadline; 0 for an established one."""
+        return max(min(self.session.grace_left(), self.remaining()), 0.0)
+
+    def not_connected(self) -> HelperUnavailable:
+        """The send found no connected helper (nothing was queued: the socket
+        stays, ZeroMQ keeps reconnecting)."""
+        return HelperUnavailable(
+            f"helper at {self.session.endpoint} not connected ({type(self.request).__name__})"
+        )
+
+    def timed_out(self) -> HelperUnavailable:
+        """The deadline passed without the reply: the outcome is unknown."""
+        self.session.lost()
+        return HelperUnavailable(
+            f"helper at {self.session.endpoint} did not answer {type(self.request).__name__} "
+            f"within {self.timeout * 1000:.0f} ms"
+        )
+
+    def _broken(self, why: str) -> HelperUnavailable:
+        self.session.lost()
+        return HelperUnavailable(why)
+
+    def receive(self, frames: list[bytes]) -> m.Reply | Send | None:
+        """A message from the socket: None when it is not this call's (a late
+        reply, dropped), :class:`Send` with the next frames, or the typed
+        reply that ends the call. Raises :class:`HelperRequestError` for a
+        refusal and :class:`HelperUnavailable` for garbage."""
+        if len(frames) != 3 or frames[0] != b"" or frames[1] != self.rid:
+            return None
+        if len(frames[2]) > MAX_REPLY_SIZE:
+            raise self._broken(f"reply of {len(frames[2])} bytes from helper exceeds the limit")
+        try:
+            reply = m.decode_reply(frames[2])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise self._broken(f"undecodable reply from helper: {exc}") from None
+        s = self.session
+        if self._in_hello:
+            hello = cast(m.HelloReply, self._expect(s._hello_request(), reply))
+            s._handshake(hello)
+            self._in_hello = False
+            self.rid, self.frames = s._frames(self.request)
+            return Send(self.frames)
+        if (
+            isinstance(reply, m.ErrorReply)
+            and reply.code == "handshake-required"
+            and not self._rehello_done
+            and not isinstance(self.request, m.Hello)
+        ):
+            self._rehello_done = True
+            self._in_hello = True
+            s.hello = None
+            self.rid, self.frames = s._frames(s._hello_request())
+            return Send(self.frames)
+        result = self._expect(self.request, reply)
+        if isinstance(result, m.HelloReply):
+            s._handshake(result)
+        return result
+
+    def _expect(self, req: m.Request, reply: m.Reply) -> m.Reply:
+        if isinstance(reply, m.ErrorReply):
+            raise HelperRequestError(reply)
+        want = m.REPLY_FOR[type(req)]
+        if not isinstance(reply, want):
+            raise self._broken(f"helper answered {type(reply).__name__} to {type(req).__name__}")
+        return reply
+
+
+def _configure(sock: zmq.Socket[Any]) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a helper that is not there
+    sock.setsockopt(zmq.RECONNECT_IVL, 20)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_SIZE)
+
+
+class _Shell:
+    """What both shells share: the session and the typed ``call``."""
 
     def __init__(
-        self, endpoint: str, timeout: float = DEFAULT_TIMEOUT, client: str = "nri-resource-policy"
+        self, endpoint: str, timeout: float, client: str, clock: Clock = time.monotonic
     ) -> None:
-        super().__init__(endpoint, timeout, client)
-        self.ctx = zmq.asyncio.Context.instance()
-        self.sock: zmq.asyncio.Socket | None = None
-        self._lock = asyncio.Lock()
+        self.session = Session(endpoint, client, timeout, clock)
 
-    def _socket(self) -> zmq.asyncio.Socket:
-        if self.sock is None:
-            self.sock = self.ctx.socket(zmq.DEALER)
-            _configure(self.sock)
-            self.sock.connect(self.endpoint)
-        return self.sock
+    @property
+    def endpoint(self) -> str:
+        return self.session.endpoint
 
-    def _reset(self) -> None:
-        if self.sock is not None:
-            self.sock.close(0)
-            self.sock = None
-        self.hello = None
+    @property
+    def timeout(self) -> float:
+        return self.session.timeout
 
-    def close(self) -> None:
-        self._reset()
+    @property
+    def hello(self) -> m.HelloReply | None:
+        """The reply of the current connection's handshake."""
+        return self.session.hello
 
-    async def __aenter__(self) -> HelperClient:
-        return self
+    @property
+    def instance(self) -> str:
+        """The helper process of the last handshake ("" before one)."""
+        return self.session.instance
 
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+    @property
+    def generation(self) -> int:
+        """Changes only when the helper process does (see :class:`Session`)."""
+        return self.session.generation
 
-    async def _roundtrip(self, req: m.Request, timeout: float) -> m.Reply:
-        sock = self._socket()
-        rid, frames = self._frames(req)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                try:
-                    await sock.send_multipart(frames, zmq.NOBLOCK)
-                    break
-                except zmq.Again:
-                    if time.monotonic() >= deadline:
-                        raise HelperUnavailable(
-                            f"helper at {self.endpoint} not connected ({type(req).__name__})"
-                        ) from None
-                    await asyncio.sleep(0.002)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not await sock.poll(int(left * 1000) + 1):
-                    raise HelperUnavailable(
-                        f"helper at {self.endpoint} did not answer {type(req).__name__} "
-                        f"within {timeout * 1000:.0f} ms"
-                    )
-                reply = self._parse(rid, await sock.recv_multipart())
-                if reply is not None:
-                    return reply
-        except HelperUnavailable:
-            self._reset()
-            raise
-
-    async def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
-        """Send ``req``, return its typed reply (see ``messages.REPLY_FOR``)."""
-        t = self.timeout if timeout is None else timeout
-        async with self._lock:
-            if self.hello is None and not isinstance(req, m.Hello):
-                self.hello = cast(
-                    m.HelloReply, _expect(self._hello(), await self._roundtrip(self._hello(), t))
-                )
-            reply = await self._roundtrip(req, t)
-            if isinstance(reply, m.ErrorReply) and reply.code == "handshake-required":
-                self.hello = cast(
-                    m.HelloReply, _expect(self._hello(), await self._roundtrip(self._hello(), t))
-                )
-                reply = await self._roundtrip(req, t)
-            result = _expect(req, reply)
-            if isinstance(result, m.HelloReply):
-                self.hello = result
-            return result
-
-    async def call(self, req: m.Request, want: type[R], timeout: float | None = None) -> R:
-        """``request`` narrowed to the expected reply type ``want``."""
-        reply = await self.request(req, timeout)
+    @staticmethod
+    def _narrow(reply: m.Reply, want: type[R]) -> R:
         if not isinstance(reply, want):
             raise HelperUnavailable(f"unexpected reply {type(reply).__name__}")
         return reply
 
 
-class SyncHelperClient(_Base):
-    """Blocking twin of :class:`HelperClient` (CLI, benchmarks, threads)."""
+class SyncHelperClient(_Shell):
+    """The blocking shell (CLI, benchmarks, the plugin's reply path: every
+    wait ends at the call's deadline)."""
 
     def __init__(
-        self, endpoint: str, timeout: float = DEFAULT_TIMEOUT, client: str = "nri-sst-helper"
+        self,
+        endpoint: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        client: str = "nri-sst-helper",
+        clock: Clock = time.monotonic,
     ) -> None:
-        super().__init__(endpoint, timeout, client)
+        super().__init__(endpoint, timeout, client, clock)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock: zmq.Socket[bytes] | None = None
         self._rcvtimeo = -1
 
     def _socket(self) -> zmq.Socket[bytes]:
-        if self.sock is None:
+        if self.sock is None or self.session.needs_socket:
+            self._close_socket()
             self.sock = self.ctx.socket(zmq.DEALER)
             _configure(self.sock)
             self.sock.connect(self.endpoint)
+            self.session.connecting()
         return self.sock
 
-    def close(self) -> None:
+    def _close_socket(self) -> None:
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None
         self._rcvtimeo = -1
-        self.hello = None
+
+    def close(self) -> None:
+        self._close_socket()
+        self.session.lost()
 
     def __enter__(self) -> SyncHelperClient:
         return self
@@ -229,62 +331,136 @@ class SyncHelperClient(_Base):
     ) -> None:
         self.close()
 
-    def _roundtrip(self, req: m.Request, timeout: float) -> m.Reply:
-        sock = self._socket()
-        rid, frames = self._frames(req)
-        deadline = time.monotonic() + timeout
+    def _send(self, sock: zmq.Socket[bytes], call: Call, frames: list[bytes]) -> None:
         try:
-            while True:
-                try:
-                    sock.send_multipart(frames, zmq.NOBLOCK)
-                    break
-                except zmq.Again:
-                    if time.monotonic() >= deadline:
-                        raise HelperUnavailable(
-                            f"helper at {self.endpoint} not connected ({type(req).__name__})"
-                        ) from None
-                    time.sleep(0.002)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise zmq.Again()
-                ms = int(left * 1000) + 1
-                if ms != self._rcvtimeo:  # a blocking receive with a timeout:
-                    sock.setsockopt(zmq.RCVTIMEO, ms)  # one call, no separate poll
-                    self._rcvtimeo = ms
-                reply = self._parse(rid, sock.recv_multipart())
-                if reply is not None:
-                    return reply
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return
         except zmq.Again:
-            self.close()
-            raise HelperUnavailable(
-                f"helper at {self.endpoint} did not answer {type(req).__name__} "
-                f"within {timeout * 1000:.0f} ms"
-            ) from None
-        except HelperUnavailable:
-            self.close()
-            raise
+            wait = call.send_wait()
+            if not wait or not sock.poll(int(wait * 1000) + 1, zmq.POLLOUT):
+                raise call.not_connected() from None
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            raise call.not_connected() from None
 
     def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
-        t = self.timeout if timeout is None else timeout
-        if self.hello is None and not isinstance(req, m.Hello):
-            self.hello = cast(
-                m.HelloReply, _expect(self._hello(), self._roundtrip(self._hello(), t))
-            )
-        reply = self._roundtrip(req, t)
-        if isinstance(reply, m.ErrorReply) and reply.code == "handshake-required":
-            self.hello = cast(
-                m.HelloReply, _expect(self._hello(), self._roundtrip(self._hello(), t))
-            )
-            reply = self._roundtrip(req, t)
-        result = _expect(req, reply)
-        if isinstance(result, m.HelloReply):
-            self.hello = result
-        return result
+        """Send ``req``, return its typed reply (see ``messages.REPLY_FOR``)."""
+        call = self.session.begin(req, timeout)
+        sock = self._socket()
+        frames = call.frames
+        try:
+            while True:
+                self._send(sock, call, frames)
+                while True:
+                    left = call.remaining()
+                    if left <= 0:
+                        raise call.timed_out()
+                    ms = int(left * 1000) + 1
+                    if ms != self._rcvtimeo:  # a blocking receive with a timeout:
+                        sock.setsockopt(zmq.RCVTIMEO, ms)  # one call, no separate poll
+                        self._rcvtimeo = ms
+                    try:
+                        got = sock.recv_multipart()
+                    except zmq.Again:
+                        continue
+                    out = call.receive(got)
+                    if isinstance(out, Send):
+                        frames = out.frames
+                        break
+                    if out is not None:
+                        return out
+        except HelperUnavailable:
+            if self.session.needs_socket:
+                self._close_socket()
+            raise
 
     def call(self, req: m.Request, want: type[R], timeout: float | None = None) -> R:
         """``request`` checked against the expected reply type (for typed callers)."""
-        reply = self.request(req, timeout)
-        if not isinstance(reply, want):
-            raise HelperUnavailable(f"unexpected reply {type(reply).__name__}")
-        return reply
+        return self._narrow(self.request(req, timeout), want)
+
+
+class HelperClient(_Shell):
+    """The asyncio shell; one request in flight at a time (serialised). A
+    cancelled request leaves the socket as it is (its late reply is dropped)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        client: str = "nri-resource-policy",
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(endpoint, timeout, client, clock)
+        self.ctx = zmq.asyncio.Context.instance()
+        self.sock: zmq.asyncio.Socket | None = None
+        self._lock = asyncio.Lock()
+
+    def _socket(self) -> zmq.asyncio.Socket:
+        if self.sock is None or self.session.needs_socket:
+            self._close_socket()
+            self.sock = self.ctx.socket(zmq.DEALER)
+            _configure(self.sock)
+            self.sock.connect(self.endpoint)
+            self.session.connecting()
+        return self.sock
+
+    def _close_socket(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+
+    def close(self) -> None:
+        self._close_socket()
+        self.session.lost()
+
+    async def __aenter__(self) -> HelperClient:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def _send(self, sock: zmq.asyncio.Socket, call: Call, frames: list[bytes]) -> None:
+        try:
+            await sock.send_multipart(frames, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            wait = call.send_wait()
+            ms = int(wait * 1000) + 1
+            # pyzmq's stub of the asyncio poll lacks its ``flags`` argument
+            if not wait or not await sock.poll(ms, zmq.POLLOUT):  # type: ignore[call-arg]
+                raise call.not_connected() from None
+        try:
+            await sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            raise call.not_connected() from None
+
+    async def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        """Send ``req``, return its typed reply (see ``messages.REPLY_FOR``)."""
+        async with self._lock:
+            call = self.session.begin(req, timeout)
+            sock = self._socket()
+            frames = call.frames
+            try:
+                while True:
+                    await self._send(sock, call, frames)
+                    while True:
+                        left = call.remaining()
+                        if left <= 0 or not await sock.poll(int(left * 1000) + 1):
+                            raise call.timed_out()
+                        out = call.receive(await sock.recv_multipart())
+                        if isinstance(out, Send):
+                            frames = out.frames
+                            break
+                        if out is not None:
+                            return out
+            except HelperUnavailable:
+                if self.session.needs_socket:
+                    self._close_socket()
+                raise
+
+    async def call(self, req: m.Request, want: type[R], timeout: float | None = None) -> R:
+        """``request`` narrowed to the expected reply type ``want``."""
+        return self._narrow(await self.request(req, timeout), want)

@@ -13,7 +13,11 @@ Only what differs from the last successful write is sent.
 
 The plugin never writes sysfs: a :class:`Writer` delivers the requests.
 :class:`HelperWriter` sends them to the SST helper; :class:`NullWriter` (no
-``--sst-helper``) only logs them at debug level.
+``--sst-helper``) only logs them at debug level. A commit is written once, as
+steps (:meth:`CpuClassHandler.commit_steps`, see :mod:`nri_balloons.sstlink`):
+:meth:`~CpuClassHandler.commit` runs them blocking (on the reply path within
+the budget of :meth:`~CpuClassHandler.exchanges`), the plugin's background
+awaiting the asyncio client.
 
 Classes are tracked per turbo domain under synthetic names ``<class>@d<N>``
 (N = package id with ``turboDomain: package``, 0 with ``system``). Within a
@@ -25,7 +29,8 @@ the others get the base frequency wherever their ``minFreq``/``maxFreq`` say
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,15 +43,21 @@ from nri_balloons.frequency import Frequency
 from nri_balloons.gofmt import list_v, quote
 from nri_balloons.pct import Hints, PctAllocator, PctError
 from nri_balloons.sstlink import (
+    Ask,
+    Budget,
+    BudgetSpent,
     HelperWriter,
     NullWriter,
+    Steps,
     Writer,
     WriteRefused,
     WriteRequest,
     WriterUnavailable,
+    exchange,
 )
 
 __all__ = [
+    "Budget",
     "CpuClassError",
     "CpuClassHandler",
     "HelperWriter",
@@ -179,7 +190,28 @@ class CpuClassHandler:
         self.degraded = False
         self.uncore_available = (Path(topology.host_root) / UNCORE_DIR).is_dir()
         self.requests_sent = 0
+        self.timeout: float | None = None
+        """per request of the blocking exchanges (None: the writer's default)"""
+        self.budget: Budget | None = None
+        """the total wait of the blocking exchanges (the reply path's)"""
         self.pct = PctAllocator(topology, self.writer)
+
+    @contextmanager
+    def exchanges(
+        self, timeout: float | None = None, budget: Budget | None = None
+    ) -> Iterator[None]:
+        """Inside, every blocking exchange with the helper (configure's SST
+        programming, commits) waits ``timeout`` per request, and all of them
+        together end at ``budget``."""
+        saved = self.timeout, self.budget
+        self.timeout, self.budget = timeout, budget
+        try:
+            yield
+        finally:
+            self.timeout, self.budget = saved
+
+    def _run(self, steps: Steps[bool]) -> bool:
+        return exchange(steps, self.writer, self.budget)
 
     # -- configuration -----------------------------------------------------------
 
@@ -247,6 +279,9 @@ class CpuClassHandler:
             self.pct.configure(classes, self.allowed)
         except PctError as exc:
             raise CpuClassError(f"cpuclass: pct configure: {exc}") from None
+        # SST now, so the configuration's balloons get PCT hints (a helper that
+        # does not answer leaves it to a later commit)
+        self._run(self.pct.flush_steps(self.timeout))
 
     def known(self, name: str) -> bool:
         return name in self.classes
@@ -338,46 +373,68 @@ class CpuClassHandler:
     # -- commit ------------------------------------------------------------------
 
     def commit(self, timeout: float | None = None) -> bool:
-        """Write what the dirty CPUs need. False when the writer is unavailable
-        (the CPUs stay dirty; a later commit re-applies every setting).
-        ``timeout``: per request; the writer's default (100 ms) on a
-        container's reply path, longer for configuration-time commits that
-        touch every CPU."""
-        if not self.pct.flush(timeout):
+        """Write what the dirty CPUs need (blocking, within the budget of
+        :meth:`exchanges`). False when the writer is unavailable (the CPUs
+        stay dirty; a later commit re-applies every setting). ``timeout``:
+        per request (default: that of :meth:`exchanges`)."""
+        return self._run(self.commit_steps(self.timeout if timeout is None else timeout))
+
+    def unsettled(self) -> bool:
+        """Decisions wait for the helper (what a background commit applies)."""
+        pct = self.pct
+        return bool(
+            self.dirty
+            or self.degraded
+            or pct.pending
+            or pct.need_program
+            or pct.teardown_pending
+            or pct.degraded
+        )
+
+    def commit_steps(self, timeout: float | None = None) -> Steps[bool]:
+        """:meth:`commit` as steps. Decisions taken between two requests (by
+        hooks, while the background awaits) stay dirty for the next commit."""
+        if not (yield from self.pct.flush_steps(timeout)):
             return False
         if self.degraded:
             self.written.clear()
             self.uncore_written.clear()
             self.dirty |= cpuset.from_ids(c for c, name in self.cpu_class.items() if name)
-        if not self.dirty:
-            return True
         plan = self._plan()
-        for i, req in enumerate(plan.requests):
-            try:
-                self.writer.send(req, timeout)
-            except WriterUnavailable as exc:
-                if not self.degraded:
-                    log.error("cpuclass: SST helper unavailable: %s", exc)
-                    self.degraded = True
-                else:
-                    log.debug("cpuclass: SST helper still unavailable: %s", exc)
-                return False
-            except WriteRefused as exc:
-                log.error("cpuclass: %s refused: %s", _describe(req), exc)
-                continue
-            self.requests_sent += 1
-            for cpu, done in plan.done[i]:
-                w = self.written.setdefault(cpu, _Written())
-                for attr in ("min_freq", "max_freq", "governor", "epp", "cstates"):
-                    value = getattr(done, attr)
-                    if value is not None:
-                        setattr(w, attr, value)
-            u = plan.uncore_done[i]
-            if u is not None:
-                self.uncore_written[u[0]] = u[1]
-        self.dirty = 0
+        batch, self.dirty = self.dirty, 0
+        try:
+            for i, req in enumerate(plan.requests):
+                try:
+                    yield Ask(req, timeout)
+                except WriteRefused as exc:
+                    log.error("cpuclass: %s refused: %s", _describe(req), exc)
+                    continue
+                self.requests_sent += 1
+                for cpu, done in plan.done[i]:
+                    w = self.written.setdefault(cpu, _Written())
+                    for attr in ("min_freq", "max_freq", "governor", "epp", "cstates"):
+                        value = getattr(done, attr)
+                        if value is not None:
+                            setattr(w, attr, value)
+                u = plan.uncore_done[i]
+                if u is not None:
+                    self.uncore_written[u[0]] = u[1]
+        except WriterUnavailable as exc:
+            self.dirty |= batch  # what was written is known: only the rest goes again
+            if isinstance(exc, BudgetSpent):
+                log.debug("cpuclass: %s; the rest is written in the background", exc)
+            elif not self.degraded:
+                log.error("cpuclass: SST helper unavailable: %s", exc)
+                self.degraded = True
+            else:
+                log.debug("cpuclass: SST helper still unavailable: %s", exc)
+            return False
+        except BaseException:  # the steps were abandoned
+            self.dirty |= batch
+            raise
         if self.degraded:
-            log.info("cpuclass: SST helper is back; CPU class settings re-applied")
+            if plan.requests:
+                log.info("cpuclass: SST helper is back; CPU class settings re-applied")
             self.degraded = False
         return True
 

@@ -8,12 +8,15 @@ Modes (from the cpuClasses, §13.1): ``managed`` (``pctPriority``; the plugin
 programs SST-CP/TF itself: PrepareManagedMode, CLOS bounds, EnableCP) and
 ``assoc-only`` (``sstClosID``; the operator programmed SST, the plugin only
 associates CPUs). :meth:`PctAllocator.use` records which CLOS CPUs must be
-on; :meth:`PctAllocator.flush` (called from the handler's one commit per
-decision) sends one ``AssociateCpus`` per CLOS for the CPUs the decision
-touched. While the helper is away PCT is *degraded*: decisions are still
-recorded, containers are still created and pinned, and when the helper is
-back (or was restarted, which its ``handshakes`` counter tells) the whole SST
-state is programmed again and every CPU re-associated.
+on; :meth:`PctAllocator.flush_steps` (run by the handler's one commit per
+decision) programs SST when the plan is new, and sends one ``AssociateCpus``
+per CLOS for the CPUs the decisions touched. While the helper is away PCT is
+*degraded*: decisions are still recorded, containers are still created and
+pinned, and what is pending is sent when the helper is back. Only another
+helper process (``HelloReply.instance`` changed: a restarted helper) makes SST
+be programmed again, keeping what the hardware still holds for the same plan
+(``PrepareManagedMode(keep_programmed=True)``), then every CPU re-associated;
+a re-handshake with the same helper changes nothing.
 
 Placement hints (§13.6): HP balloons are steered to the punit with the most
 HP room (then the most free CPUs), other balloons away from punits that hold
@@ -38,7 +41,14 @@ from nri_sst import messages as m
 from nri_balloons.config import CPUClass
 from nri_balloons.frequency import Frequency
 from nri_balloons.gofmt import quote
-from nri_balloons.sstlink import Writer, WriteRefused, WriterUnavailable
+from nri_balloons.sstlink import (
+    Ask,
+    BudgetSpent,
+    Steps,
+    Writer,
+    WriteRefused,
+    WriterUnavailable,
+)
 
 log = logging.getLogger("cpuclass")
 
@@ -47,7 +57,7 @@ LP_CLOS = 3
 CLOS_COUNT = 4
 DISCOVER_TIMEOUT = 2.0
 """Discovery, PrepareManagedMode and Teardown touch every punit: allowed more
-than the per-request 100 ms when no NRI reply waits (``slow_timeout``)."""
+than the per-request 100 ms (on the reply path the reply budget caps it)."""
 
 
 class PctError(Exception):
@@ -157,17 +167,29 @@ class PctAllocator:
         self.known: dict[int, int] = {}
         """cpu -> the CLOS the helper last reported or confirmed"""
         self.pending = 0
-        """CPUs whose association a decision touched since the last flush"""
+        """CPUs whose association a decision touched since the last flush (and
+        those whose AssociateCpus has an unknown outcome: sent again)"""
         self.need_program = False
+        """the SoC-wide SST state must be programmed (or read) before CPUs are
+        associated: a new plan, or a restarted helper"""
+        self.teardown_pending = False
+        """managed mode was left by the configuration; SST is reset by the next flush"""
         self.degraded = False
-        self.programmed_generation = -1
+        self.instance = ""
+        """the helper process that answered the last request"""
+        self.programmed_instance: str | None = None
+        """the helper process SST was last programmed on (None: none yet)"""
+        self.managed_sst = False
+        """SST is in managed mode by our PrepareManagedMode (until a Teardown)"""
         self.requests_sent = 0
         self.timeout: float | None = None
-        self.slow_timeout: float | None = DISCOVER_TIMEOUT
-        """For the requests that touch every punit; ``None`` (the writer's
-        100 ms) while an NRI reply waits (the runtime's Configure, Synchronize)."""
+        """per-request timeout of the current flush (None: the writer's default)"""
         self._programmed_key: object = None
-        """per-request timeout of the current flush (None: the writer's 100 ms)"""
+        """the plan of the configuration"""
+        self._sst_key: object = None
+        """the plan SST was last programmed with (kept over a helper restart:
+        the same plan then keeps what the hardware still has)"""
+        self._answered: set[str] = set()
         self._discovery: m.DiscoverReply | None = None
         self._turbo: tuple[int, int, int] | None = None
         for c in topology.cpus.values():
@@ -176,25 +198,34 @@ class PctAllocator:
                 break
 
     # -- helper access -------------------------------------------------------------
+    #
+    # Everything that talks to the helper is written as steps (sstlink): the
+    # reply path runs them blocking within its budget, the plugin's background
+    # awaiting the asyncio client; between two requests of the background,
+    # hooks run and only record decisions (``use``), which the steps pick up.
 
     @property
     def has_helper(self) -> bool:
         return bool(self.writer.endpoint)
 
-    def _request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
-        """One request; raises the writer's :class:`WriterUnavailable` or
-        :class:`WriteRefused`."""
-        if timeout is None:
-            timeout = self.timeout
-        elif self.timeout is not None:
-            timeout = max(timeout, self.timeout)
-        reply = self.writer.request(req, timeout)
+    def _ask(self, req: m.Request, slow: bool = False) -> Steps[m.Reply]:
+        """One request; the writer's :class:`WriterUnavailable` or
+        :class:`WriteRefused` are raised here. ``slow``: it touches every punit
+        (at least :data:`DISCOVER_TIMEOUT`, within the reply budget on the
+        reply path)."""
+        timeout = self.timeout
+        if slow:
+            timeout = DISCOVER_TIMEOUT if timeout is None else max(timeout, DISCOVER_TIMEOUT)
+        reply = yield Ask(req, timeout)
         self.requests_sent += 1
+        self.instance = self.writer.instance
+        self._answered.add(self.instance)
         return reply
 
-    @property
-    def generation(self) -> int:
-        return self.writer.generation
+    def _must_program(self) -> bool:
+        """SST must be programmed before associating: a new plan, or an answer
+        from another helper process than the one SST was programmed on."""
+        return self.need_program or (bool(self.mode) and self.instance != self.programmed_instance)
 
     # -- configuration (§13.2) -----------------------------------------------------
 
@@ -203,28 +234,21 @@ class PctAllocator:
         return bool(self.mode)
 
     def configure(self, classes: Sequence[CPUClass], allowed: int) -> None:
-        """Plan ``classes`` and program SST (managed) or read it (assoc-only).
-        Raises :class:`PctError` for a plan that cannot work. A helper that
-        cannot be reached makes PCT degraded, not the configuration fail."""
+        """Plan ``classes``; the next :meth:`flush_steps` programs SST (managed)
+        or reads it (assoc-only). Raises :class:`PctError` for a plan that
+        cannot work. Talks to no helper."""
         mode, plans = plan_classes(classes, self._turbo)
         key = (mode, tuple(sorted(plans.items())), allowed)
-        if (
-            self.mode
-            and key == self._programmed_key
-            and not self.need_program
-            and not self.degraded
-            and self.generation == self.programmed_generation
-        ):
-            # the same plan on the same helper: SST stays as programmed (no
-            # PrepareManagedMode that would put every CPU on CLOS 0 meanwhile);
-            # the caller assigns every CPU's class again
+        if self.mode and key == self._programmed_key and not self.need_program:
+            # the same plan, programmed: SST stays as it is (no PrepareManagedMode
+            # that would put every CPU on CLOS 0 meanwhile); the caller assigns
+            # every CPU's class again
             log.debug("pct: SST already set up for this plan; keeping it")
             self.want = {}
             self.class_of = {}
             self.pending = 0
             return
-        if self.mode == "managed" and mode != "managed":
-            self._reset_managed()
+        self.teardown_pending = self.managed_sst and mode != "managed"
         self._programmed_key = key
         self.plans = plans
         self.allowed = allowed
@@ -251,38 +275,35 @@ class PctAllocator:
             self.wanted_mode = ""
             return
         self.need_program = True
+
+    def _reset_managed(self) -> Steps[bool]:
+        """The configuration has no managed PCT any more: return SST to its
+        reset state (what the helper also does when it stops in managed mode).
+        False when the helper is away (tried again by the next flush)."""
         try:
-            self._program()
+            reply = yield from self._ask(m.Teardown(), slow=True)
         except WriterUnavailable as exc:
             self._degrade(exc)
-        except PctError as exc:
-            # the helper refused to program SST: PCT is off, placement goes on
-            # (spec step 11 names these lines; the operator fixes the node and
-            # restarts the plugin)
-            log.error("%s; Priority Core Turbo is off", exc)
-            self.need_program = False
-            self.mode = ""
-
-    def _reset_managed(self) -> None:
-        """The new configuration has no managed PCT: return SST to its reset
-        state (what the helper also does when it stops in managed mode)."""
-        try:
-            reply = self._request(m.Teardown(), self.slow_timeout)
-        except (WriterUnavailable, WriteRefused) as exc:
+            return False
+        except WriteRefused as exc:
             log.warning("pct: managed mode left, but SST could not be reset: %s", exc)
-            return
+            self.teardown_pending = False
+            return True
         assert isinstance(reply, m.TeardownReply)
+        self.teardown_pending = False
+        self.managed_sst = False
         for pu in self.punits:
             pu.tf_enabled = False
         log.info(
             "pct: managed mode left; SST reset (CPReset, TFDisable, CPDisable) on %d punit(s)",
             reply.punits,
         )
+        return True
 
-    def _discover(self) -> bool:
+    def _discover(self) -> Steps[bool]:
         """Punits from the helper, once (the topology is snapshotted, as upstream)."""
         if self._discovery is None:
-            reply = self._request(m.Discover(), self.slow_timeout)
+            reply = yield from self._ask(m.Discover(), slow=True)
             assert isinstance(reply, m.DiscoverReply)
             self._discovery = reply
             self.supported = reply.supported
@@ -339,11 +360,14 @@ class PctAllocator:
                 for cpu in cpuset.ids(cpus):
                     self.punit_of[cpu] = idx
 
-    def _program(self) -> None:
+    def _program(self) -> Steps[None]:
         """Discover, then program (managed) or read (assoc-only) the SoC-wide
-        state, and mark every wanted CPU for re-association."""
+        state, and mark every wanted CPU for re-association. What hints read
+        (``hp_eligible``, ``hp_classes``, ``mode``) changes only at the end:
+        decisions taken between two requests see the previous state."""
         mode = self.wanted_mode
-        if not self._discover():
+        self._answered = set()
+        if not (yield from self._discover()):
             log.warning("pct: SST not supported on this host; ignoring PCT fields in cpuClasses")
             backend = self._discovery.backend if self._discovery else "?"
             log.warning(
@@ -364,32 +388,44 @@ class PctAllocator:
             len(self.punits),
             len(packages),
         )
-        self.hp_eligible = set()
         if mode == "managed":
-            self._program_managed()
+            hp_eligible = yield from self._program_managed()
         else:
-            self.hp_classes = set()
-            self._program_assoc_only()
+            hp_eligible = yield from self._program_assoc_only()
+        self.hp_eligible = hp_eligible
         self.mode = mode
         self.need_program = False
-        self.programmed_generation = self.generation
+        # every answer from one helper process, or SST is programmed again
+        answered = self._answered or {self.instance}
+        self.programmed_instance = answered.pop() if len(answered) == 1 else None
+        self._sst_key = self._programmed_key
         self.pending |= cpuset.from_ids(self.want)
 
-    def _program_managed(self) -> None:
+    def _program_managed(self) -> Steps[set[int]]:
+        """PrepareManagedMode (keeping what SST holds when it was programmed
+        for this very plan: a restarted helper), CLOS bounds, EnableCP.
+        Returns the HP-eligible punits (every one)."""
+        keep = self._sst_key == self._programmed_key
         try:
-            reply = self._request(m.PrepareManagedMode(), self.slow_timeout)
+            reply = yield from self._ask(m.PrepareManagedMode(keep_programmed=keep), slow=True)
         except WriteRefused as exc:
             raise PctError(f"pct: failed to prepare managed mode: {exc}") from None
         assert isinstance(reply, m.PrepareManagedModeReply)
-        log.debug(
-            "pct: PrepareManagedMode done (CPReset+TFEnable+CPSetPriorityType=ordered) "
-            "on %d punit(s)",
-            reply.punits,
-        )
-        self.known = dict.fromkeys(self.punit_of, 0)  # CPReset: every CPU on CLOS 0
+        self.managed_sst = True
+        if reply.reset:
+            log.debug(
+                "pct: PrepareManagedMode done (CPReset+TFEnable+CPSetPriorityType=ordered) "
+                "on %d punit(s)",
+                reply.punits,
+            )
+            self.known = dict.fromkeys(self.punit_of, 0)  # CPReset: every CPU on CLOS 0
+        else:
+            log.debug(
+                "pct: PrepareManagedMode: SST already in managed state on %d punit(s); kept as is",
+                reply.punits,
+            )
         for pu in self.punits:  # TFEnable (where the level supports it)
             pu.tf_enabled = pu.tf_supported
-        self.hp_eligible = set(range(len(self.punits)))
         by_clos: dict[int, Plan] = {}
         for plan in self.plans.values():
             by_clos.setdefault(plan.clos, plan)
@@ -402,14 +438,14 @@ class PctAllocator:
                 plan.max_khz,
             )
             try:
-                self._request(
+                yield from self._ask(
                     m.ConfigureClos(clos=clos, min_khz=plan.min_khz, max_khz=plan.max_khz)
                 )
             except WriteRefused as exc:
                 raise PctError(f"pct: failed to configure CLOS {clos}: {exc}") from None
             log.info("pct: programmed CLOS %d min=%d max=%d kHz", clos, plan.min_khz, plan.max_khz)
         try:
-            reply = self._request(m.EnableCP())
+            reply = yield from self._ask(m.EnableCP())
         except WriteRefused as exc:
             raise PctError(f"pct: failed to enable SST-CP: {exc}") from None
         assert isinstance(reply, m.EnableCPReply)
@@ -431,12 +467,15 @@ class PctAllocator:
                 )
         if lp_clos is not None:
             log.info("pct: fallback CLOS for non-PCT CPUs set to %d (LP)", lp_clos)
+        return set(range(len(self.punits)))
 
-    def _program_assoc_only(self) -> None:
+    def _program_assoc_only(self) -> Steps[set[int]]:
+        """Read what the operator programmed; sets the HP classes, returns the
+        HP-eligible punits (SST-TF enabled)."""
         best: tuple[int, int] | None = None  # (max kHz, clos)
         for clos in sorted({p.clos for p in self.plans.values()}):
             try:
-                reply = self._request(m.GetClosConfig(clos=clos))
+                reply = yield from self._ask(m.GetClosConfig(clos=clos))
             except WriteRefused as exc:
                 log.warning("pct: assoc-only: GetClosConfig(%d) failed: %s", clos, exc)
                 continue
@@ -453,20 +492,22 @@ class PctAllocator:
             )
             if best is None or cfg.max_khz > best[0]:
                 best = (cfg.max_khz, clos)
+        hp_classes: set[str] = set()
         if best is None:
             log.info("pct: assoc-only: no CLOS has a programmed MaxFreq; HP classification skipped")
         else:
             for name, plan in self.plans.items():
                 if plan.clos == best[1]:
-                    self.hp_classes.add(name)
+                    hp_classes.add(name)
                     log.info(
                         "pct: cpuClass %s classified HP (assoc-only: CLOS %d MaxFreq=%d kHz)",
                         quote(name),
                         best[1],
                         best[0],
                     )
+        hp_eligible: set[int] = set()
         try:
-            tf = self._request(m.TFStatus())
+            tf = yield from self._ask(m.TFStatus())
         except WriteRefused as exc:
             log.warning("pct: assoc-only: cannot read SST-TF status: %s", exc)
         else:
@@ -474,7 +515,7 @@ class PctAllocator:
             enabled = {(p.package, p.punit) for p in tf.punits if p.enabled}
             for idx, pu in enumerate(self.punits):
                 if pu.key in enabled:
-                    self.hp_eligible.add(idx)
+                    hp_eligible.add(idx)
                     continue
                 log.warning(
                     "pct: assoc-only: SST-TF disabled on pkg=%d punit=%d; HP cores on this punit "
@@ -487,15 +528,24 @@ class PctAllocator:
         # what the operator associated: the CLOS hints read it
         cpus = sorted(self.punit_of)
         try:
-            reply = self._request(m.GetAssociation(cpus=cpus))
+            reply = yield from self._ask(m.GetAssociation(cpus=cpus))
         except WriteRefused as exc:
             log.warning("pct: assoc-only: cannot read CPU associations: %s", exc)
             self.known = {}
         else:
             assert isinstance(reply, m.GetAssociationReply)
             self.known = dict(reply.clos)
+        self.hp_classes = hp_classes
+        return hp_eligible
 
-    def _degrade(self, exc: Exception) -> None:
+    def _degrade(self, exc: WriterUnavailable) -> None:
+        """The helper did not answer: decisions are still recorded, and what
+        is pending is sent when it is back (SST programmed again only if it
+        is another helper process then). A spent reply budget is not an
+        outage: the background just goes on."""
+        if isinstance(exc, BudgetSpent):
+            log.info("pct: %s; SST is programmed in the background", exc)
+            return
         if not self.degraded:
             log.error(
                 "pct: SST helper unavailable: %s; Priority Core Turbo is degraded (containers are "
@@ -503,25 +553,23 @@ class PctAllocator:
                 exc,
             )
         self.degraded = True
-        self.need_program = True
-        self.pending |= cpuset.from_ids(self.want)
 
-    def probe(self) -> bool:
+    def probe_steps(self) -> Steps[bool]:
         """Ask the helper something cheap to notice a restart (its SST state
-        is then gone). True when SST must be programmed again (flush does it)."""
+        may be gone then). True when SST must be programmed or CPUs associated
+        again (a flush does it)."""
         if not self.mode or self.degraded or self.need_program or not self.punit_of:
-            return self.need_program or self.degraded
+            return self.need_program or self.degraded or self.teardown_pending
         try:
-            self._request(m.GetAssociation(cpus=[min(self.punit_of)]))
+            yield from self._ask(m.GetAssociation(cpus=[min(self.punit_of)]))
         except WriterUnavailable as exc:
             self._degrade(exc)
             return True
         except WriteRefused:
             return False
-        if self.generation != self.programmed_generation:
+        if self._must_program():
             log.warning("pct: SST helper reconnected; programming SST state again")
             self.need_program = True
-            self.pending |= cpuset.from_ids(self.want)
         return self.need_program
 
     # -- association (§13.3) -------------------------------------------------------
@@ -546,73 +594,90 @@ class PctAllocator:
             self.want[cpu] = clos
         self.pending |= cpus
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Send the associations the decisions since the last flush touched.
+    def flush_steps(self, timeout: float | None = None) -> Steps[bool]:
+        """Reset SST when managed mode was left, program it when needed, and
+        send the associations the decisions since the last flush touched.
         False when the helper is unavailable (PCT degraded; retried later).
-        ``timeout``: per request, when not on a container's reply path."""
+        ``timeout``: per request (None: the writer's default)."""
         self.timeout = timeout
         try:
-            return self._flush()
+            return (yield from self._flush())
         finally:
             self.timeout = None
 
-    def _flush(self) -> bool:
+    def _flush(self) -> Steps[bool]:
+        if self.teardown_pending and not (yield from self._reset_managed()):
+            return False
         if not self.wanted_mode:
+            self.pending = 0
+            self.degraded = False
             return True
-        for _attempt in range(2):
-            try:
-                if self.need_program or (
-                    self.mode and self.generation != self.programmed_generation
-                ):
+        try:
+            for _attempt in range(2):
+                if self._must_program():
                     if self.mode and not self.need_program:
                         log.warning("pct: SST helper reconnected; programming SST state again")
-                    self._program()
+                    self.need_program = True
+                    yield from self._program()
                 if not self.mode:
                     self.pending = 0
                     return True
-                self._associate_pending()
-            except WriterUnavailable as exc:
-                self._degrade(exc)
-                return False
-            except PctError as exc:
-                log.error("%s", exc)
-                self.need_program = False
-                self.mode = ""
-                return True
-            if self.generation == self.programmed_generation:
-                break
-            self.need_program = True  # a restarted helper answered: program it all again
+                yield from self._associate_pending()
+                if not self._must_program():
+                    break
+                # the answers came from a restarted helper: program it all again
+            else:
+                return False  # restarted once more meanwhile: the next flush goes on
+        except WriterUnavailable as exc:
+            self._degrade(exc)
+            return False
+        except PctError as exc:
+            log.error("%s; Priority Core Turbo is off", exc)
+            self.need_program = False
+            self.mode = ""
+            return True
         if self.degraded:
             self.degraded = False
             log.info("pct: SST helper is back; SST state programmed and CPUs re-associated")
         return True
 
-    def _associate_pending(self) -> None:
+    def _associate_pending(self) -> Steps[None]:
+        """One AssociateCpus per CLOS for the pending CPUs. A request without
+        an answer leaves its CPUs (and those not sent yet) pending: its
+        outcome is unknown, they are sent again."""
+        batch, self.pending = self.pending, 0  # decisions from now on: the next batch
         by_clos: dict[int, list[int]] = {}
-        for cpu in cpuset.ids(self.pending):
+        for cpu in cpuset.ids(batch):
             clos = self.want.get(cpu)
             if clos is not None and cpu in self.punit_of:
                 by_clos.setdefault(clos, []).append(cpu)
-        for clos in sorted(by_clos):
-            cpus = by_clos[clos]
-            text = cpuset.format(cpuset.from_ids(cpus))
-            try:
-                self._request(m.AssociateCpus(clos=clos, cpus=cpus))
-            except WriteRefused as exc:
-                log.warning(
-                    "cpuclass: pct failed to apply class on CPUs %s: "
-                    "pct: associate cpus %s to CLOS %d: %s",
-                    text,
-                    text,
-                    clos,
-                    exc,
-                )
-                continue
-            for cpu in cpus:
-                self.known[cpu] = clos
-            self.pending &= ~cpuset.from_ids(cpus)
-            log.debug("pct: associated cpus %s to CLOS %d", text, clos)
-        self.pending = 0
+        todo = cpuset.from_ids(c for cpus in by_clos.values() for c in cpus)
+        try:
+            for clos in sorted(by_clos):
+                cpus = by_clos[clos]
+                mask = cpuset.from_ids(cpus)
+                text = cpuset.format(mask)
+                try:
+                    reply = yield from self._ask(m.AssociateCpus(clos=clos, cpus=cpus))
+                except WriteRefused as exc:
+                    todo &= ~mask
+                    log.warning(
+                        "cpuclass: pct failed to apply class on CPUs %s: "
+                        "pct: associate cpus %s to CLOS %d: %s",
+                        text,
+                        text,
+                        clos,
+                        exc,
+                    )
+                    continue
+                todo &= ~mask
+                assert isinstance(reply, m.AssociateCpusReply)
+                for cpu in (*cpus, *reply.cpus):  # CLOS is per core: siblings moved too
+                    self.known[cpu] = clos
+                log.debug("pct: associated cpus %s to CLOS %d", text, clos)
+        except BaseException:  # unavailable, or the steps were abandoned
+            self.pending |= todo
+            raise
 
     # -- hints (§13.6) ------------------------------------------------------------------
 

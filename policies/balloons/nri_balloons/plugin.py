@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +38,18 @@ from nri_balloons import scheduling
 from nri_balloons.config import ConfigError, load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.features import unimplemented
-from nri_balloons.pct import DISCOVER_TIMEOUT
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
+from nri_balloons.sstlink import REPLY_BUDGET, Budget, Steps, T, exchange_async
 from nri_balloons.validation import PreparedConfig, validate
 
 __version__ = "0.1.0"
 
 PROBE_INTERVAL = 5.0
-"""Seconds between checks that the SST helper still holds the PCT state (a
-restarted helper comes back with SST reset)."""
+"""Seconds between checks that the SST helper is still the process SST was
+programmed on (a restarted helper may come back with SST reset)."""
 CONFIG_TIMEOUT = 1.0
-"""Per helper request when a configuration is applied (every CPU's settings;
-not on a container's reply path)."""
+"""Per helper request off the reply path: the background's commits, and the
+configuration applied at start-up before the event loop runs."""
 RETRY_MIN = 0.5
 RETRY_MAX = 10.0
 """Seconds between background commits while the SST helper is away (doubling)."""
@@ -68,38 +69,94 @@ class Balloons:
         self.pins: dict[str, tuple[str, str]] = {}
         self.runtime_nri: tuple[int, ...] = ()
         self.scheduling_warned = False
-        self.retry: asyncio.TimerHandle | None = None
+        self.background: asyncio.Task[None] | None = None
+        """the background commit (see "cpuClasses and the SST helper")"""
+        self._steps: Steps[Any] | None = None
+        """the steps the background awaits"""
         self.probe: asyncio.TimerHandle | None = None
-        self.retry_delay = RETRY_MIN
         self.debugging: set[str] = set()
         self.no_helper_warned = False
 
-    # -- cpuClasses ----------------------------------------------------------------
+    # -- cpuClasses and the SST helper ----------------------------------------------
+    #
+    # A hook on the event loop waits for the helper at most REPLY_BUDGET in
+    # total (its configure's SST programming and its commit together). What
+    # is left (the helper away or slow, a restarted helper to program again)
+    # is the background's: one asyncio task awaiting the asyncio client, until
+    # every decision is applied. While it runs, hooks only record decisions
+    # (the background applies them all when done); a new configuration first
+    # stops it, so configurations never change under its feet.
 
-    def commit(self, timeout: float | None = None) -> None:
+    def _reply_path(self, reconfigures: bool = False) -> AbstractContextManager[None]:
+        """The context of a hook's helper exchanges: the reply budget on the
+        event loop; before the loop runs (``policy_start``: nothing waits)
+        CONFIG_TIMEOUT per request. ``reconfigures``: stop the background."""
+        assert self.policy is not None
+        if reconfigures:
+            self._stop_background()
+        if _running_loop() is None:
+            return self.policy.cpu_classes.exchanges(timeout=CONFIG_TIMEOUT)
+        return self.policy.cpu_classes.exchanges(budget=Budget(REPLY_BUDGET))
+
+    def commit(self) -> None:
         """Apply the CPU class decisions of the hook that just ran (one commit
-        per hook). While the SST helper is away, retry in the background with
-        a growing delay, and leave it to that retry (hooks do not wait for the
-        helper's timeout again); the next successful commit re-applies
-        everything."""
-        if self.policy is None or self.retry is not None:
+        per hook, within the hook's budget). What the helper did not take goes
+        to the background."""
+        if self.policy is None or self.background is not None:
             return
-        ok = self.policy.cpu_classes.commit(timeout)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        ok = self.policy.cpu_classes.commit()
+        loop = _running_loop()
+        if loop is None:
             return
         if self.probe is None and self.policy.cpu_classes.pct.wanted_mode:
             self.probe = loop.call_later(PROBE_INTERVAL, self._probe)
-        if ok:
-            self.retry_delay = RETRY_MIN
-            return
-        self.retry = loop.call_later(self.retry_delay, self._retry)
-        self.retry_delay = min(self.retry_delay * 2, RETRY_MAX)
+        if not ok:
+            self._start_background()
 
-    def _retry(self) -> None:
-        self.retry = None
-        self.commit(CONFIG_TIMEOUT)  # everything again, off the reply path
+    def _start_background(self, probe: bool = False) -> None:
+        if self.background is None:
+            self.background = asyncio.get_running_loop().create_task(self._settle(probe))
+
+    def _stop_background(self) -> None:
+        """Abandon the background's steps where they wait (their CPUs stay
+        pending: the request's outcome is unknown) and cancel it."""
+        task, self.background = self.background, None
+        if task is None:
+            return
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None
+        task.cancel()
+
+    async def _exchange(self, steps: Steps[T]) -> T:
+        assert self.policy is not None
+        self._steps = steps
+        try:
+            return await exchange_async(steps, self.policy.cpu_classes.writer)
+        finally:
+            if self._steps is steps:
+                self._steps = None
+
+    async def _settle(self, probe: bool) -> None:
+        """The background: commit everything, CONFIG_TIMEOUT per request,
+        until no decision waits; while the helper is away again after a
+        growing delay. ``probe``: first ask whether anything is needed."""
+        assert self.policy is not None
+        handler = self.policy.cpu_classes
+        delay = RETRY_MIN
+        try:
+            if probe and not await self._exchange(handler.pct.probe_steps()):
+                return
+            while True:
+                if await self._exchange(handler.commit_steps(CONFIG_TIMEOUT)):
+                    if not handler.unsettled():
+                        return
+                    continue  # decisions taken meanwhile
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+        finally:
+            if self.background is asyncio.current_task():
+                self.background = None
 
     def _probe(self) -> None:
         """Every PROBE_INTERVAL while PCT is configured: a restarted helper
@@ -107,10 +164,8 @@ class Balloons:
         self.probe = None
         if self.policy is None or not self.policy.cpu_classes.pct.wanted_mode:
             return
-        if self.retry is None and self.policy.cpu_classes.pct.probe():
-            self.commit(CONFIG_TIMEOUT)
-        if self.probe is None:
-            self.probe = asyncio.get_running_loop().call_later(PROBE_INTERVAL, self._probe)
+        self._start_background(probe=True)
+        self.probe = asyncio.get_running_loop().call_later(PROBE_INTERVAL, self._probe)
 
     # -- configuration -----------------------------------------------------------
 
@@ -162,21 +217,18 @@ class Balloons:
                 "their frequencies, C-states and uncore limits are not applied"
             )
 
-    def apply(self, prepared: PreparedConfig, timeout: float | None = CONFIG_TIMEOUT) -> None:
-        """Set ``prepared`` up; ``timeout`` per helper request (``None``: the
-        100 ms of the reply path, for the runtime's Configure)."""
+    def apply(self, prepared: PreparedConfig) -> None:
+        """Set ``prepared`` up (the helper exchanges within the hook's context)."""
         assert self.policy is not None
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
-        pct = self.policy.cpu_classes.pct
-        pct.slow_timeout = DISCOVER_TIMEOUT if timeout is not None else None
-        try:
-            self.policy.set_config(prepared)
-        except BalloonsError as exc:
-            raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
-        finally:
-            pct.slow_timeout = DISCOVER_TIMEOUT
-            self.commit(timeout)
+        with self._reply_path(reconfigures=True):
+            try:
+                self.policy.set_config(prepared)
+            except BalloonsError as exc:
+                raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
+            finally:
+                self.commit()
 
     def reconfigure(self, text: str, source: str) -> list[Update]:
         """A new configuration for the running plugin (what the agent delivers
@@ -195,12 +247,13 @@ class Balloons:
             for c in self.host.containers.values()
             if c.state != ContainerState.STOPPED
         ]
-        try:
-            self.policy.reconfigure(prepared, running)
-        except BalloonsError as exc:
-            raise PolicyError(str(exc)) from None
-        finally:
-            self.commit(CONFIG_TIMEOUT)
+        with self._reply_path(reconfigures=True):
+            try:
+                self.policy.reconfigure(prepared, running)
+            except BalloonsError as exc:
+                raise PolicyError(str(exc)) from None
+            finally:
+                self.commit()
         return self._updates()
 
     @hookimpl
@@ -234,7 +287,7 @@ class Balloons:
         assert self.policy is not None
         self.runtime_nri = runtime_nri_version(runtime.name, runtime.version, runtime.nri_version)
         if config.strip() and self.policy.config is None:
-            self.apply(self.prepare(config, "runtime plugin configuration"), timeout=None)
+            self.apply(self.prepare(config, "runtime plugin configuration"))
         if self.policy.config is None:
             raise PolicyError(
                 "balloons: no configuration (use --config-file, or --config-namespace with a "
@@ -263,36 +316,33 @@ class Balloons:
         self, pods: list[Pod], containers: list[Container], saved_state: Any
     ) -> list[Update]:
         assert self.policy is not None and self.policy.config is not None
-        pct = self.policy.cpu_classes.pct
-        pct.slow_timeout = None  # the runtime waits for this reply
-        try:
+        with self._reply_path(reconfigures=True):
             self.policy.set_config(self.policy.config)
-        finally:
-            pct.slow_timeout = DISCOVER_TIMEOUT
-        alive = {c.id for c in containers}
-        restored = self.policy.restore(saved_state, alive) if saved_state else set()
-        by_id = {p.id: p for p in pods}
-        for c in containers:
-            if c.id in restored:
-                continue
-            pod = by_id.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id)
-            try:
-                self.policy.allocate(pod, c)
-            except BalloonsError as exc:
-                log.warning("allocating resources for Sync produced an error: %s", exc)
-        self.commit()
+            alive = {c.id for c in containers}
+            restored = self.policy.restore(saved_state, alive) if saved_state else set()
+            by_id = {p.id: p for p in pods}
+            for c in containers:
+                if c.id in restored:
+                    continue
+                pod = by_id.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id)
+                try:
+                    self.policy.allocate(pod, c)
+                except BalloonsError as exc:
+                    log.warning("allocating resources for Sync produced an error: %s", exc)
+            self.commit()
         self.pins = {}
         return self._updates()
 
     @hookimpl
     def nri_create_container(self, pod: Pod, container: Container) -> CreateResult | None:
         assert self.policy is not None
-        try:
-            bln = self.policy.allocate(pod, container)
-        except BalloonsError as exc:
-            raise PolicyError(str(exc)) from None
-        finally:
-            self.commit()
+        with self._reply_path():
+            try:
+                bln = self.policy.allocate(pod, container)
+            except BalloonsError as exc:
+                raise PolicyError(str(exc)) from None
+            finally:
+                self.commit()
         if bln is None:
             return None
         updates = self._updates(skip=container.id)
@@ -330,7 +380,8 @@ class Balloons:
     def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
         assert self.policy is not None
         self.policy.release(container.id)
-        self.commit()
+        with self._reply_path():
+            self.commit()
         self.pins.pop(container.id, None)
         return self._updates()
 
@@ -339,15 +390,16 @@ class Balloons:
         assert self.policy is not None
         if container.id in self.policy.owner:
             self.policy.release(container.id)
-            self.commit()
+            with self._reply_path():
+                self.commit()
             self.pins.pop(container.id, None)
 
     @hookimpl
     def policy_shutdown(self) -> None:
-        for handle in (self.retry, self.probe):
-            if handle is not None:
-                handle.cancel()
-        self.retry = self.probe = None
+        self._stop_background()
+        if self.probe is not None:
+            self.probe.cancel()
+        self.probe = None
         if self.policy is not None:
             self.policy.cpu_classes.close()
 
@@ -380,6 +432,13 @@ class Balloons:
         from nri_balloons import observe
 
         return observe.inspect(self.policy)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def plugin() -> Balloons:

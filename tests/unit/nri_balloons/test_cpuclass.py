@@ -49,7 +49,7 @@ class Recorder:
     ``refuse`` makes it refuse requests of that type."""
 
     endpoint = ""  # no helper: PCT stays off (tests/unit/nri_balloons/test_pct.py covers it)
-    generation = 0
+    instance = ""
 
     def __init__(self) -> None:
         self.requests: list[WriteRequest] = []
@@ -57,14 +57,20 @@ class Recorder:
         self.refuse: type | None = None
 
     def request(self, request: m.Request, timeout: float | None = None) -> m.Reply:
-        raise AssertionError("cpuClass tests send no PCT requests")
-
-    def send(self, request: WriteRequest, timeout: float | None = None) -> None:
+        assert isinstance(request, m.SetCpufreq | m.SetCstates | m.SetUncore), request
         if self.down:
             raise WriterUnavailable("helper at ipc:///x did not answer within 100 ms")
         if self.refuse is not None and isinstance(request, self.refuse):
             raise WriteRefused("invalid-argument: no")
         self.requests.append(request)
+        if isinstance(request, m.SetCpufreq):
+            return m.SetCpufreqReply(cpus=request.cpus)
+        if isinstance(request, m.SetCstates):
+            return m.SetCstatesReply(cpus=request.cpus, disabled=request.disabled)
+        return m.SetUncoreReply(package=request.package, die=request.die)
+
+    async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply:
+        return self.request(request, timeout)
 
     def close(self) -> None:
         pass

@@ -4,8 +4,9 @@ in-process: real validation and SST state, without the socket (the
 integration tier runs the helper as a process:
 tests/integration/nri_balloons/test_pct_helper.py).
 
-``InProcessHelper`` is a stand-in for the ZeroMQ connection only: requests go
-to :class:`nri_sst.handler.RequestHandler` unchanged."""
+``InProcessHelper`` is a stand-in for the ZeroMQ socket only: requests go
+through the client's sans-IO session to :class:`nri_sst.handler.RequestHandler`
+unchanged."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from nri_framework.simulate.sysfs import write_topology
 from nri_framework.topology import Topology
 from nri_sst import PROTOCOL_VERSION
 from nri_sst import messages as m
+from nri_sst.backends.base import Backend
 from nri_sst.backends.sim import SimBackend, SimConfig
+from nri_sst.client import HelperRequestError, HelperUnavailable, Send, Session
 from nri_sst.handler import RequestHandler
 
 SPEC = Path(__file__).parents[3] / "examples" / "pct-managed" / "balloons-pct-managed.yaml"
@@ -46,49 +49,105 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory) -> None:
     _ROOT.append(write_topology(tmp_path_factory.mktemp("pct") / "root", "xeon-6776p"))
 
 
+class Clock:
+    """An injected monotonic clock: the session's deadlines and the reply
+    budget read it; the stand-in transport advances it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class InProcessHelper:
-    """The helper's request handler in this process (see the module doc)."""
+    """The helper's request handler in this process, reached through the
+    client's own sans-IO session (:class:`nri_sst.client.Session`: the real
+    handshake, reply matching, deadlines and helper instance); only the
+    socket is a stand-in (see the module doc). Helper states a socket would
+    show: ``down`` (killed: nothing connected), ``stopped`` (SIGSTOPped:
+    every request costs its whole timeout on the clock), ``latency`` (seconds
+    each answer takes on the clock)."""
 
     endpoint = "inproc://sst-helper"
 
-    def __init__(self, config: SimConfig | None = None) -> None:
+    def __init__(self, config: SimConfig | None = None, backend: Backend | None = None) -> None:
         self.config = config
-        self.generation = 0
+        self.clock = Clock()
+        self.session = Session(self.endpoint, "test", clock=self.clock)
         self.down = False
+        self.stopped = False
+        self.latency = 0.0
         self.sent: list[m.Request] = []
-        self.restart()
+        self.peers = 0
+        self.peer = b""
+        self._backend = backend
+        self.restart(keep_hardware=False)
 
-    def restart(self) -> None:
-        """A fresh helper process: new handler, the handshake again."""
-        self.backend = SimBackend(self.config)
+    def restart(self, keep_hardware: bool = False) -> None:
+        """A new helper process (a new ``instance``; our peer unknown to it).
+        ``keep_hardware``: SST as the old one left it (a kill -9 leaves the
+        hardware programmed; the sim keeps it in its state file); otherwise
+        as the BIOS left it."""
+        state = _ROOT[-1].parent / f"sim-{id(self)}.json"
+        if not keep_hardware:
+            state.unlink(missing_ok=True)
+        self.backend = self._backend or SimBackend(self.config, state_file=state)
         self.handler = RequestHandler(self.backend, host_root())
-        self.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"plugin")
-        self.generation += 1
+        self.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"inspector")
+
+    def evict(self) -> None:
+        """What the helper does when its peer table is full: forget every peer."""
+        self.handler.peers.clear()
+        self.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"inspector")
+
+    @property
+    def instance(self) -> str:
+        return self.session.instance
 
     def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
-        if self.down:
-            raise WriterUnavailable("helper at inproc://sst-helper did not answer within 100 ms")
-        self.sent.append(req)
-        try:
-            return self.handler.dispatch(req, b"plugin")
-        except m.HelperError as exc:
-            raise WriteRefused(f"{exc.code}: {exc}") from None
+        if self.session.needs_socket:  # a new socket: a new peer for the helper
+            self.session.connecting()
+            self.peers += 1
+            self.peer = b"plugin-%d" % self.peers
+        call = self.session.begin(req, timeout)
+        frames = call.frames
+        while True:
+            if self.down:
+                raise WriterUnavailable(str(call.not_connected()))
+            if self.stopped or self.latency >= call.remaining():
+                self.clock.now = max(self.clock.now, call.deadline)
+                raise WriterUnavailable(str(call.timed_out()))
+            self.clock.now += self.latency
+            sent = m.decode_request(frames[2])
+            if not isinstance(sent, m.Hello):
+                self.sent.append(sent)
+            reply = self.handler.handle(frames[2], self.peer)
+            try:
+                out = call.receive([b"", frames[1], reply])
+            except HelperRequestError as exc:
+                raise WriteRefused(str(exc)) from None
+            except HelperUnavailable as exc:
+                raise WriterUnavailable(str(exc)) from None
+            if isinstance(out, Send):
+                frames = out.frames
+                continue
+            assert out is not None
+            return out
 
-    def send(
-        self, req: m.SetCpufreq | m.SetCstates | m.SetUncore, timeout: float | None = None
-    ) -> None:
-        self.request(req)
+    async def request_async(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        return self.request(req, timeout)
 
     def close(self) -> None:
-        pass
+        self.session.lost()
 
     def clos(self, cpus: int) -> dict[int, int]:
-        reply = self.handler.dispatch(m.GetAssociation(cpus=cpuset.ids(cpus)), b"plugin")
+        reply = self.handler.dispatch(m.GetAssociation(cpus=cpuset.ids(cpus)), b"inspector")
         assert isinstance(reply, m.GetAssociationReply)
         return reply.clos
 
     def punit_state(self) -> list[m.PunitInfo]:
-        reply = self.handler.dispatch(m.Discover(), b"plugin")
+        reply = self.handler.dispatch(m.Discover(), b"inspector")
         assert isinstance(reply, m.DiscoverReply)
         return [pu for pkg in reply.packages for pu in pkg.punits]
 
@@ -388,10 +447,7 @@ def test_no_helper_means_no_pct(caplog: pytest.LogCaptureFixture) -> None:
 def test_sst_not_supported(caplog: pytest.LogCaptureFixture) -> None:
     from nri_sst.backends.none import NoneBackend
 
-    helper = InProcessHelper()
-    helper.backend = NoneBackend()
-    helper.handler = RequestHandler(helper.backend, host_root())
-    helper.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"plugin")
+    helper = InProcessHelper(backend=NoneBackend())
     policy, _ = make(helper=helper)
     assert (
         "pct: SST not supported on this host; ignoring PCT fields in cpuClasses" in caplog.messages
