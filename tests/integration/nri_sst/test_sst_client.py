@@ -1,16 +1,31 @@
-"""The client against a scripted ROUTER peer: late replies are dropped, handshake redone."""
+"""The client's two shells (blocking and asyncio) over real sockets: against
+the helper process (``nri-sst-helper serve --backend sim``, started, SIGSTOPped,
+killed and restarted for real), and against scripted ROUTER peers where the
+helper cannot misbehave on purpose (late replies, a forgotten handshake, a
+huge reply): those peers are ours, small, and stand in for a hostile helper."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import zmq
+from nri_framework.simulate.sysfs import write_topology
 from nri_sst import messages as m
-from nri_sst.client import HelperClient, HelperUnavailable, SyncHelperClient
+from nri_sst.client import MAX_REPLY_SIZE, HelperClient, HelperUnavailable, SyncHelperClient
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "nri_balloons"))
+from sst_node import Helper  # the helper process of the balloons tests
+
+R = TypeVar("R")
+Client = SyncHelperClient | HelperClient
 
 
 class SlowFirstPeer(threading.Thread):
@@ -82,3 +97,137 @@ def test_sync_client_no_helper_raises_within_timeout(tmp_path: Path) -> None:
         with pytest.raises(HelperUnavailable):
             c.request(m.Discover())
         assert time.monotonic() - t0 < 0.15
+
+
+# --------------------------------------------------------------------------- the helper process
+
+
+@pytest.fixture(scope="module")
+def host_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_topology(tmp_path_factory.mktemp("xeon") / "host", "xeon-6776p")
+
+
+@pytest.fixture
+def helper(host_root: Path, tmp_path: Path) -> Iterator[Helper]:
+    h = Helper(tmp_path, host_root)
+    h.start()
+    yield h
+    if h.proc is not None and h.proc.poll() is None:
+        h.proc.send_signal(signal.SIGCONT)
+    h.stop()
+
+
+def client(kind: str, endpoint: str, timeout: float = 0.1) -> Client:
+    if kind == "sync":
+        return SyncHelperClient(endpoint, timeout=timeout, client="test")
+    return HelperClient(endpoint, timeout=timeout, client="test")
+
+
+async def call(c: Client, req: m.Request, want: type[R], timeout: float | None = None) -> R:
+    if isinstance(c, HelperClient):
+        return await c.call(req, want, timeout)
+    return c.call(req, want, timeout)
+
+
+async def call_until(c: Client, req: m.Request, want: type[R], within: float = 10.0) -> R:
+    """``req`` until the helper answers (ZeroMQ reconnects on its own)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await call(c, req, want, timeout=1.0)
+        except HelperUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_rehandshake_is_the_same_helper_restart_is_not(kind: str, helper: Helper) -> None:
+    """Defect 4 of issue #10: a timeout makes a new socket and a new
+    handshake, with the same helper process: the generation stays; a
+    restarted helper (kill -9, started again) is a new generation."""
+    assert helper.proc is not None
+    c = client(kind, helper.endpoint)
+    try:
+        await call(c, m.TFStatus(), m.TFStatusReply, timeout=2.0)
+        first = (c.generation, c.instance)
+        assert first[0] == 1 and first[1]
+        helper.proc.send_signal(signal.SIGSTOP)
+        with pytest.raises(HelperUnavailable, match="did not answer TFStatus within 100 ms"):
+            await call(c, m.TFStatus(), m.TFStatusReply)
+        helper.proc.send_signal(signal.SIGCONT)
+        await call(c, m.TFStatus(), m.TFStatusReply, timeout=2.0)
+        assert c.session.handshakes == 2  # a new socket said hello again
+        assert (c.generation, c.instance) == first
+        helper.kill()
+        helper.start()
+        await call_until(c, m.TFStatus(), m.TFStatusReply)
+        assert c.generation == 2 and c.instance != first[1]
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("state", ["absent", "stopped"])
+async def test_no_connected_helper_fails_fast(
+    kind: str, state: str, helper: Helper, tmp_path: Path
+) -> None:
+    """Defect 8 of issue #10: a send to a helper that is not connected (none
+    listening, or a SIGSTOPped one a new socket cannot finish connecting to)
+    fails after the short connect grace, not at the end of a 2 s timeout."""
+    assert helper.proc is not None
+    endpoint = helper.endpoint
+    if state == "absent":
+        endpoint = f"ipc://{tmp_path}/nobody.sock"
+    else:
+        helper.proc.send_signal(signal.SIGSTOP)
+    c = client(kind, endpoint)
+    try:
+        for _ in range(3):
+            t0 = time.monotonic()
+            with pytest.raises(HelperUnavailable, match="not connected"):
+                await call(c, m.Discover(), m.DiscoverReply, timeout=2.0)
+            assert time.monotonic() - t0 < 0.5  # a liveness bound, far below 2 s
+    finally:
+        c.close()
+
+
+class HugeReplyPeer(threading.Thread):
+    """Answers Hello with a reply larger than the client takes."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(daemon=True)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.stop = False
+
+    def run(self) -> None:
+        caps = ["x" * 1024] * (MAX_REPLY_SIZE // 1024 + 16)
+        reply = m.encode(
+            m.HelloReply(protocol=1, backend="huge", sst_supported=True, capabilities=caps)
+        )
+        while not self.stop:
+            if self.sock.poll(20):
+                peer, empty, rid, _ = self.sock.recv_multipart()
+                self.sock.send_multipart([peer, empty, rid, reply])
+        self.sock.close(0)
+        self.ctx.term()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_huge_reply_is_dropped_by_the_socket(kind: str, tmp_path: Path) -> None:
+    """The reply size is bounded where the bytes arrive (ZeroMQ drops the
+    connection), not only after a whole oversized message was received."""
+    endpoint = f"ipc://{tmp_path}/huge.sock"
+    peer = HugeReplyPeer(endpoint)
+    peer.start()
+    c = client(kind, endpoint)
+    try:
+        with pytest.raises(HelperUnavailable, match="did not answer Hello"):
+            await call(c, m.Hello(protocol=1), m.HelloReply, timeout=0.5)
+    finally:
+        c.close()
+        peer.stop = True
+        peer.join(5)
