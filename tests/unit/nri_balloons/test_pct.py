@@ -19,7 +19,7 @@ import pytest
 from nri_balloons.config import load_policy
 from nri_balloons.pct import Hints
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
-from nri_balloons.sstlink import WriteRefused, WriterUnavailable
+from nri_balloons.sstlink import Budget, WriteRefused, WriterUnavailable
 from nri_balloons.validation import validate
 from nri_framework import cpuset
 from nri_framework.model import Container, CpuResources, Pod, Resources
@@ -79,6 +79,9 @@ class InProcessHelper:
         self.stopped = False
         self.latency = 0.0
         self.sent: list[m.Request] = []
+        self.watch = 0
+        """CPUs whose CLOS is recorded in ``seen`` after every request"""
+        self.seen: list[dict[int, int]] = []
         self.peers = 0
         self.peer = b""
         self._backend = backend
@@ -123,6 +126,8 @@ class InProcessHelper:
             if not isinstance(sent, m.Hello):
                 self.sent.append(sent)
             reply = self.handler.handle(frames[2], self.peer)
+            if self.watch:
+                self.seen.append(self.clos(self.watch))
             try:
                 out = call.receive([b"", frames[1], reply])
             except HelperRequestError as exc:
@@ -517,3 +522,99 @@ def test_leaving_managed_mode_resets_sst(caplog: pytest.LogCaptureFixture) -> No
     assert any(x.startswith("pct: managed mode left; SST reset") for x in caplog.messages)
     assert not any(pu.cp.enabled or pu.tf.enabled for pu in helper.punit_state())
     assert not policy.cpu_classes.pct.active
+
+
+# --------------------------------------------------------------------------- issue #10
+
+
+def prepares(helper: InProcessHelper) -> list[m.PrepareManagedMode]:
+    return [r for r in helper.sent if isinstance(r, m.PrepareManagedMode)]
+
+
+def test_rehandshake_with_the_same_helper_keeps_sst(caplog: pytest.LogCaptureFixture) -> None:
+    """Defect 4: a new handshake with the same helper process (our peer
+    evicted after other clients said hello; our socket recreated after a
+    timeout) is not a restart: no PrepareManagedMode, no CPU through CLOS 0."""
+    policy, helper = make()
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    assert len(prepares(helper)) == 1
+    helper.watch = hp
+    caplog.set_level(logging.INFO, logger="cpuclass")
+    helper.evict()
+    admit(policy, "pct-hp-2", 2, "hp-bln")
+    helper.stopped = True  # a timeout: the client makes a new socket
+    assert not admit_deferred(policy, "pct-hp-3", 2, "hp-bln")
+    helper.stopped = False
+    assert policy.cpu_classes.commit()
+    assert helper.session.handshakes == 3 and helper.peers == 2
+    assert len(prepares(helper)) == 1
+    assert "pct: SST helper reconnected; programming SST state again" not in caplog.messages
+    assert helper.seen and all(set(c.values()) == {0} for c in helper.seen)
+
+
+def admit_deferred(policy: BalloonsPolicy, name: str, cpus: int, balloon: str) -> bool:
+    """Create a container and commit; the commit's result."""
+    assert policy.allocate(*pod(name, cpus, balloon)) is not None
+    return policy.cpu_classes.commit()
+
+
+def test_timed_out_association_is_sent_again() -> None:
+    """Defect 4: after an AssociateCpus without an answer its outcome is
+    unknown: the same helper gets those CPUs again when it answers."""
+    policy, helper = make()
+    helper.stopped = True
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None
+    assert not policy.cpu_classes.commit()
+    assert set(helper.clos(bln.cpus).values()) == {3}  # it never arrived
+    helper.stopped = False
+    assert policy.cpu_classes.commit()
+    assert set(helper.clos(bln.cpus).values()) == {0}
+    assert len(prepares(helper)) == 1  # the same helper: nothing programmed again
+
+
+def test_restarted_helper_keeps_what_sst_holds_for_the_same_plan(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Defect 4: a helper restarted with the hardware still programmed (kill
+    -9 keeps SST; the sim keeps it in its state file) is programmed again
+    with keep_programmed: CLOS bounds and EnableCP again, every CPU
+    re-associated, and the HP CPUs never leave CLOS 0."""
+    policy, helper = make()
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    helper.restart(keep_hardware=True)
+    helper.sent.clear()
+    helper.watch = hp
+    caplog.set_level(logging.INFO, logger="cpuclass")
+    lp = admit(policy, "pct-lp", 8, "lp-bln")
+    assert "pct: SST helper reconnected; programming SST state again" in caplog.messages
+    assert prepares(helper) == [m.PrepareManagedMode(keep_programmed=True)]
+    kinds = [type(r).__name__ for r in helper.sent]
+    assert kinds.count("ConfigureClos") == 2 and "EnableCP" in kinds
+    assert helper.seen and all(set(c.values()) == {0} for c in helper.seen)
+    clos = helper.clos(policy.allowed)
+    assert {c for c, k in clos.items() if k == 0} == set(cpuset.ids(hp))
+    assert all(clos[c] == 3 for c in cpuset.ids(lp))
+    reassociated = set().union(*(r.cpus for r in helper.sent if isinstance(r, m.AssociateCpus)))
+    assert reassociated == set(cpuset.ids(policy.allowed))
+
+
+def test_reply_path_waits_at_most_its_budget() -> None:
+    """Defect 8: on the reply path every wait for the helper together ends at
+    the 100 ms budget (injected clock: a helper that takes 60 ms per answer),
+    however many requests the decision needs; the rest is applied later."""
+    policy, helper = make()
+    helper.latency = 0.06
+    handler = policy.cpu_classes
+    start = helper.clock.now
+    with handler.exchanges(budget=Budget(0.1, helper.clock)):
+        bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+        assert bln is not None
+        assert not handler.commit()  # AssociateCpus and SetCstates: 120 ms
+    assert helper.clock.now - start <= 0.1 + 1e-9  # not 120 ms
+    assert handler.unsettled()
+    helper.latency = 0.0
+    assert handler.commit()  # what the background does: everything left
+    assert set(helper.clos(bln.cpus).values()) == {0}
+    assert disabled_cstates(cpuset.ids(bln.cpus)[0]) == {"C6", "C6P"}
+    assert not handler.unsettled()
