@@ -97,6 +97,8 @@ class Node:
     containers: dict[str, str] = field(default_factory=dict)
     cmd: list[str] = field(default_factory=list)
     """the plugin's command line (for restarts)"""
+    create_seconds: list[float] = field(default_factory=list)
+    """the CreateContainer round trip of every container created, in order"""
 
     def cpu_file(self, cpu: int, rel: str) -> str:
         path = self.host_root / "sys/devices/system/cpu" / f"cpu{cpu}" / rel
@@ -132,7 +134,9 @@ class Node:
         (sim,) = load_pod_file(path, defaults)
         pod = await self.rt.run_pod(sim.pod)
         self.pods[name] = pod.id
+        t0 = time.monotonic()
         created = await self.rt.create_container(pod.id, sim.containers[0])
+        self.create_seconds.append(time.monotonic() - t0)
         await self.rt.start_container(created.id)
         self.containers[name] = created.id
         c = self.rt.container(created.id)

@@ -93,7 +93,9 @@ class InProcessHelper:
         hardware programmed; the sim keeps it in its state file); otherwise
         as the BIOS left it."""
         state = _ROOT[-1].parent / f"sim-{id(self)}.json"
-        if not keep_hardware:
+        if keep_hardware:
+            self.backend.idle()  # what the helper's loop does when idle: the state file
+        else:
             state.unlink(missing_ok=True)
         self.backend = self._backend or SimBackend(self.config, state_file=state)
         self.handler = RequestHandler(self.backend, host_root())
@@ -579,19 +581,20 @@ def test_restarted_helper_keeps_what_sst_holds_for_the_same_plan(
     """Defect 4: a helper restarted with the hardware still programmed (kill
     -9 keeps SST; the sim keeps it in its state file) is programmed again
     with keep_programmed: CLOS bounds and EnableCP again, every CPU
-    re-associated, and the HP CPUs never leave CLOS 0."""
+    re-associated, and no other CPU passes through CLOS 0 (what a CPReset
+    would do)."""
     policy, helper = make()
     hp = admit(policy, "pct-hp-1", 2, "hp-bln")
     helper.restart(keep_hardware=True)
     helper.sent.clear()
-    helper.watch = hp
+    helper.watch = policy.allowed & ~hp
     caplog.set_level(logging.INFO, logger="cpuclass")
     lp = admit(policy, "pct-lp", 8, "lp-bln")
     assert "pct: SST helper reconnected; programming SST state again" in caplog.messages
     assert prepares(helper) == [m.PrepareManagedMode(keep_programmed=True)]
     kinds = [type(r).__name__ for r in helper.sent]
     assert kinds.count("ConfigureClos") == 2 and "EnableCP" in kinds
-    assert helper.seen and all(set(c.values()) == {0} for c in helper.seen)
+    assert helper.seen and all(set(seen.values()) == {3} for seen in helper.seen)
     clos = helper.clos(policy.allowed)
     assert {c for c, k in clos.items() if k == 0} == set(cpuset.ids(hp))
     assert all(clos[c] == 3 for c in cpuset.ids(lp))

@@ -1,0 +1,160 @@
+"""Priority Core Turbo while the SST helper fails (issue #10): the balloons
+plugin and the SST helper as real processes (sim backend, the Xeon 6776P
+model) under the runtime simulator; faults are real signals (SIGSTOP,
+SIGCONT, SIGKILL) to the helper. SST state is read back from the helper over
+its socket, the plugin's and the helper's own log lines are grepped."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from nri_framework import cpuset
+from nri_sst import messages as m
+from nri_sst.client import HelperClient, HelperUnavailable
+from sst_node import Node, node
+
+EXAMPLES = Path(__file__).parents[3] / "examples" / "pct-managed"
+SPEC = (EXAMPLES / "balloons-pct-managed.yaml").read_text()
+ALL = list(range(256))
+LIVENESS = 0.5
+"""Seconds a CreateContainer may take at most: a liveness bound well under
+the runtime's 2 s deadline (the plugin's reply budget for the helper is 100 ms)."""
+
+
+async def clos_of(n: Node, cpus: Iterable[int] = ALL) -> dict[int, int]:
+    async with HelperClient(n.helper.endpoint, timeout=2.0, client="test") as c:
+        return (await c.call(m.GetAssociation(cpus=sorted(cpus)), m.GetAssociationReply)).clos
+
+
+def cores(cpus: Iterable[int]) -> set[int]:
+    """``cpus`` and their sibling threads (the 6776P's: cpu and cpu + 128):
+    CLOS is per core."""
+    return {c % 128 + t for c in cpus for t in (0, 128)}
+
+
+def helper_lines(n: Node, text: str) -> list[str]:
+    return [line for line in n.helper.log.read_text().splitlines() if text in line]
+
+
+def report(what: str, seconds: list[float]) -> None:
+    ms = sorted(s * 1000 for s in seconds)
+    print(
+        f"\n{what}: {len(ms)} CreateContainer round trips, ms: min {ms[0]:.1f} "
+        f"p50 {statistics.median(ms):.1f} p90 {ms[int(len(ms) * 0.9)]:.1f} max {ms[-1]:.1f}"
+    )
+
+
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+async def test_helper_away_never_blocks_the_event_loop(fault: str) -> None:
+    """Defect 8: with the helper stopped or killed for seconds (background
+    retries and the probe included), no CreateContainer waits for it beyond
+    the reply budget; when it is back, every decision taken meanwhile is
+    applied."""
+    async with node(SPEC, topology="xeon-6776p") as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        first = await n.create_from("pct-hp-1", EXAMPLES / "pod-hp-1.yaml")
+        assert n.helper.proc is not None
+        n.helper.proc.send_signal(getattr(signal, fault))
+        if fault == "SIGKILL":
+            n.helper.proc.wait()
+        hp: list[set[int]] = [first]
+        lp: list[set[int]] = []
+        mark = len(n.create_seconds)
+        end = time.monotonic() + 6.0  # retries at 0.5, 1, 2 s; the 5 s probe
+        i = 0
+        while time.monotonic() < end:
+            i += 1
+            if i % 2:
+                hp.append(await n.create(f"hp{i}", "hp-bln", cpu="2"))
+            else:
+                lp.append(await n.create(f"lp{i}", "lp-bln", cpu="1"))
+            await asyncio.sleep(0.25)
+        during = n.create_seconds[mark:]
+        report(f"helper {fault}", during)
+        assert max(during) < LIVENESS, during
+        await n.plugin.wait_output("pct: SST helper unavailable:", timeout=5)
+        if fault == "SIGSTOP":
+            n.helper.proc.send_signal(signal.SIGCONT)
+        else:
+            n.helper.start()  # SST as the killed one left it (the sim's state file)
+        await n.plugin.wait_output("pct: SST helper is back", timeout=20)
+        clos = await clos_of(n)
+        all_hp = set().union(*hp)
+        assert {c for c, k in clos.items() if k == 0} == cores(all_hp)
+        assert all(clos[c] == 3 for cpus in lp for c in cpus if c not in cores(all_hp))
+        assert all(n.disabled(c) == {"C6", "C6P"} for c in all_hp)
+
+
+async def test_rehandshake_with_a_stopped_helper_keeps_sst() -> None:
+    """Defect 4: a request timing out (the helper SIGSTOPped for a moment)
+    makes the plugin's client take a new socket and say hello again, to the
+    same helper process: SST is not prepared again (no CPU through CLOS 0),
+    pending associations are sent."""
+    async with node(SPEC, topology="xeon-6776p") as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        await n.create_from("pct-hp-1", EXAMPLES / "pod-hp-1.yaml")
+        assert len(helper_lines(n, "sst: PrepareManagedMode done")) == 1
+        assert n.helper.proc is not None
+        n.helper.proc.send_signal(signal.SIGSTOP)
+        try:
+            hp = await n.create("hp-during", "hp-bln", cpu="2")  # its AssociateCpus times out
+        finally:
+            n.helper.proc.send_signal(signal.SIGCONT)
+        await n.plugin.wait_output("pct: SST helper is back", timeout=20)
+        assert set((await clos_of(n, hp)).values()) == {0}
+        assert len(helper_lines(n, "sst: PrepareManagedMode")) == 1
+        assert not n.lines("pct: SST helper reconnected; programming SST state again")
+
+
+async def watch_clos(n: Node, cpus: list[int], seen: list[dict[int, int]]) -> None:
+    """Read the CLOS of ``cpus`` from the helper, as fast as it answers."""
+    async with HelperClient(n.helper.endpoint, timeout=0.5, client="watch") as c:
+        while True:
+            try:
+                seen.append((await c.call(m.GetAssociation(cpus=cpus), m.GetAssociationReply)).clos)
+            except HelperUnavailable:
+                await asyncio.sleep(0.005)
+
+
+async def test_restarted_helper_with_programmed_sst_is_not_reset() -> None:
+    """Defect 4: kill -9 of the helper leaves SST programmed (the sim keeps
+    it in its state file); the plugin programs the restarted helper for the
+    same plan with keep_programmed: no CPU of the LP class (or idle) passes
+    through CLOS 0 meanwhile, and everything is associated again."""
+    async with node(SPEC, topology="xeon-6776p") as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        hp = await n.create_from("pct-hp-1", EXAMPLES / "pod-hp-1.yaml")
+        lp = await n.create_from("pct-lp", EXAMPLES / "pod-lp.yaml")
+        await n.plugin.wait_output(
+            f"pct: associated cpus {cpuset.format(cpuset.from_ids(lp))} to CLOS 3", 10
+        )
+        others = sorted(set(ALL) - cores(hp))
+        await asyncio.sleep(0.2)  # the sim writes its state file within 50 ms of a change
+        n.helper.kill()
+        n.helper.start()
+        seen: list[dict[int, int]] = []
+        watcher = asyncio.create_task(watch_clos(n, others, seen))
+        try:
+            while not seen:
+                await asyncio.sleep(0.01)
+            hp_after = await n.create("hp-after", "hp-bln", cpu="2")  # meets the new helper
+            await n.plugin.wait_output(
+                "pct: SST helper reconnected; programming SST state again", 15
+            )
+            await n.plugin.wait_output("pct: fallback CLOS for non-PCT CPUs set to 3 (LP)", 10, 2)
+            await asyncio.sleep(0.3)
+        finally:
+            watcher.cancel()
+        assert helper_lines(n, "sst: PrepareManagedMode: SST already in managed state; kept as is")
+        assert len(helper_lines(n, "sst: PrepareManagedMode done")) == 1  # the first helper's
+        assert len(seen) > 5
+        for clos in seen:  # hp-after's core legitimately goes to CLOS 0
+            assert {c for c, k in clos.items() if k != 3} <= cores(hp_after), clos
+        final = await clos_of(n)
+        assert {c for c, k in final.items() if k == 0} == cores(hp | hp_after)
