@@ -658,7 +658,7 @@ class PctAllocator:
                 mask = cpuset.from_ids(cpus)
                 text = cpuset.format(mask)
                 try:
-                    reply = yield from self._ask(m.AssociateCpus(clos=clos, cpus=cpus))
+                    yield from self._ask(m.AssociateCpus(clos=clos, cpus=cpus))
                 except WriteRefused as exc:
                     todo &= ~mask
                     log.warning(
@@ -671,8 +671,7 @@ class PctAllocator:
                     )
                     continue
                 todo &= ~mask
-                assert isinstance(reply, m.AssociateCpusReply)
-                for cpu in (*cpus, *reply.cpus):  # CLOS is per core: siblings moved too
+                for cpu in cpus:
                     self.known[cpu] = clos
                 log.debug("pct: associated cpus %s to CLOS %d", text, clos)
         except BaseException:  # unavailable, or the steps were abandoned
