@@ -621,3 +621,34 @@ def test_reply_path_waits_at_most_its_budget() -> None:
     assert set(helper.clos(bln.cpus).values()) == {0}
     assert disabled_cstates(cpuset.ids(bln.cpus)[0]) == {"C6", "C6P"}
     assert not handler.unsettled()
+
+
+def test_decisions_between_two_background_requests_are_kept() -> None:
+    """The plugin's background awaits each request; hooks run meanwhile and
+    only record decisions. Those recorded between two requests of a commit
+    (its association, its C-states) are not lost when it ends: the next
+    commit applies them."""
+    policy, helper = make()
+    handler = policy.cpu_classes
+    first = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert first is not None
+    later = []
+    steps = handler.commit_steps(1.0)
+    ask = next(steps)
+    try:
+        while True:
+            if isinstance(ask.request, m.AssociateCpus | m.SetCstates):
+                # the background awaits the helper's answer; a hook meanwhile
+                bln = policy.allocate(*pod(f"pct-hp-{len(later) + 2}", 2, "hp-bln"))
+                assert bln is not None
+                later.append(bln.cpus)
+            ask = steps.send(helper.request(ask.request, ask.timeout))
+    except StopIteration as done:
+        assert done.value is True
+    assert len(later) == 2
+    assert handler.unsettled()  # the hooks' decisions wait for the next commit
+    assert handler.commit()
+    assert not handler.unsettled()
+    for cpus in (first.cpus, *later):
+        assert set(helper.clos(cpus).values()) == {0}
+        assert all(disabled_cstates(c) == {"C6", "C6P"} for c in cpuset.ids(cpus))
