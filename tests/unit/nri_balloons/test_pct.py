@@ -10,6 +10,7 @@ unchanged."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import operator
@@ -78,6 +79,8 @@ class InProcessHelper:
         self.down = False
         self.stopped = False
         self.latency = 0.0
+        self.gate: asyncio.Event | None = None
+        """when set, an awaited request is answered only once the event is"""
         self.sent: list[m.Request] = []
         self.watch = 0
         """CPUs whose CLOS is recorded in ``seen`` after every request"""
@@ -143,6 +146,8 @@ class InProcessHelper:
             return out
 
     async def request_async(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        if self.gate is not None:
+            await self.gate.wait()
         return self.request(req, timeout)
 
     def close(self) -> None:
@@ -652,3 +657,44 @@ def test_decisions_between_two_background_requests_are_kept() -> None:
     for cpus in (first.cpus, *later):
         assert set(helper.clos(cpus).values()) == {0}
         assert all(disabled_cstates(c) == {"C6", "C6P"} for c in cpuset.ids(cpus))
+
+
+async def test_a_new_configuration_stops_the_background() -> None:
+    """The plugin's background commit waits for the helper; a new
+    configuration arrives meanwhile: the background is stopped first, so
+    what it would still do for the old configuration (managed mode here)
+    never overwrites the new one (assoc-only). The plugin's writer is the
+    in-process helper (the plugin is started without --sst-helper, then
+    given it)."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper(SimConfig(profile="bios-pct-on"))
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    try:
+        helper.down = True
+        plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
+        assert plugin.background is not None  # the reply path left it to the background
+        helper.down = False
+        helper.gate = asyncio.Event()
+        for _ in range(100):  # its retry (after 0.5 s) waits for the helper
+            if plugin._steps is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin._steps is not None
+        plugin.reconfigure(ASSOC_ONLY, "test")
+        helper.gate.set()
+        for _ in range(100):
+            if plugin.background is None:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        assert handler.pct.mode == "assoc-only"
+        assert not any(isinstance(r, m.PrepareManagedMode) for r in helper.sent)
+        assert not handler.unsettled()
+    finally:
+        plugin.policy_shutdown()
