@@ -33,7 +33,12 @@ CPU and never notices; here the rule is:
 * placement avoids it: every class that asks for a CLOS is steered
   (``sst-whole-core``, before upstream's hints) away from free CPUs whose
   sibling runs a class asking for another CLOS, so a core is shared only
-  when no whole core is left;
+  when no whole core is left. Upstream's ``sst-clos-<N>`` hint takes only
+  CPUs on that CLOS by themselves (a free thread is on CLOS 0 when its
+  sibling runs an HP balloon: that core is taken), and an HP balloon then
+  prefers, within the punit ``sst-hp-reserve`` chose, the free threads of
+  cores that are HP already (``sst-hp-core``): they cost no HP core, and
+  fewer HP cores per punit select a faster SST-TF bucket;
 * what the plugin reports (:meth:`PctAllocator.clos_of`, ``/debug/state``)
   is what the helper did: its ``AssociateCpusReply`` names every CPU moved,
   siblings included. A refused or unanswered association, and a helper that
@@ -744,13 +749,32 @@ class PctAllocator:
                 out.prefer.append(("sst-whole-core", [whole]))
         plan = self.plans.get(name)
         if plan is not None:
-            on_clos = cpuset.from_ids(c for c, k in self.known.items() if k == plan.clos) & free
+            # CPUs on the class's CLOS by themselves: not a free thread that
+            # a sibling in another balloon holds on a CLOS it does not ask for
+            topo = self.topology
+            held = free & topo.siblings(self.allowed & ~free & ~current) & ~topo.siblings(current)
+            on_clos = 0
+            for cpu, k in self.known.items():
+                if (
+                    k == plan.clos
+                    and cpu >= 0
+                    and free >> cpu & 1
+                    and (self.want.get(cpu) == k or not held >> cpu & 1)
+                ):
+                    on_clos |= 1 << cpu
             if on_clos.bit_count() >= requested:
                 out.prefer.append((f"sst-clos-{plan.clos}", [on_clos]))
         if name in self.hp_classes:
-            sets = self._hp_reserve(free, current, requested)
+            used = self._hp_used()
+            sets = self._hp_reserve(free, current, requested, used)
             if sets:
                 out.prefer.append(("sst-hp-reserve", sets))
+            # within the chosen punit, the free threads of cores that are HP
+            # already: no HP core more for SST-TF to count
+            others = functools.reduce(operator.or_, used.values(), 0) & ~current
+            hp_cores = self.topology.siblings(others) & free
+            if hp_cores.bit_count() >= requested:
+                out.prefer.append(("sst-hp-core", [hp_cores]))
             return out
         if self.hp_classes:
             in_use = 0
@@ -787,12 +811,14 @@ class PctAllocator:
             return 0
         return pu.max_hp - self.topology.single_thread(used.get(idx, 0) & ~current).bit_count()
 
-    def _hp_reserve(self, free: int, current: int, requested: int) -> list[int]:
-        """Upstream ``hpReserveCpus``: disjoint candidate sets, best first."""
+    def _hp_reserve(
+        self, free: int, current: int, requested: int, used: dict[int, int]
+    ) -> list[int]:
+        """Upstream ``hpReserveCpus``: disjoint candidate sets, best first
+        (``used``: :meth:`_hp_used`)."""
         if not any(pu.max_hp > 0 for pu in self.punits):
             return []
         need = max(requested, 1)
-        used = self._hp_used()
         # Sorted by room, then free CPUs, then ids (upstream); unlike upstream a
         # growing balloon first stays on the punit it is on (its HP budget).
         tier_a: list[tuple[bool, int, int, int, int, int]] = []

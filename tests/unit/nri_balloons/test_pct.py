@@ -797,3 +797,30 @@ def test_hp_room_counts_cores(root16: Path) -> None:
     assert len(sets) == 2  # both punits have room
     topo = policy.topology
     assert not sets[0] & topo.package_masks[topo.cpus[cpuset.ids(hp)[0]].package]
+
+
+def test_clos_hints_on_shared_cores(root16: Path) -> None:
+    """``sst-clos-0`` does not offer the free sibling an HP balloon holds on
+    CLOS 0 (another balloon's core; test19 T1.3 spreads HP balloons by room)
+    but does to that balloon when it grows; ``sst-hp-core`` offers it after
+    the punit choice; LP balloons pair on LP cores (``sst-clos-3``)."""
+    policy, _ = make16(root16)
+    topo = policy.topology
+    hp = admit(policy, "hp", 1, "hp-bln")
+    free = policy.free & ~policy.reserved
+    lp = admit(policy, "lp", 1, "lp-bln")
+    if not topo.siblings(lp) & free & ~lp:  # it paired with the reserved CPU
+        lp = admit(policy, "lp2", 1, "lp-bln")
+    hp_sib, lp_sib = topo.siblings(hp) & ~hp, topo.siblings(lp) & ~lp
+    free = policy.free & ~policy.reserved
+    assert lp_sib & free
+    names = lambda h: [n for n, _ in h.prefer]  # noqa: E731
+    hints = policy.cpu_classes.hints("pct-hp", 1, free, 0)
+    assert names(hints) == ["sst-whole-core", "sst-hp-reserve", "sst-hp-core"]
+    assert dict(hints.prefer)["sst-hp-core"] == [hp_sib]
+    assert not dict(hints.prefer)["sst-whole-core"][0] & lp_sib
+    grow = policy.cpu_classes.hints("pct-hp", 1, free, hp)
+    assert dict(grow.prefer)["sst-clos-0"] == [hp_sib]
+    lp_hints = policy.cpu_classes.hints("pct-lp", 1, free, 0)
+    assert lp_sib & dict(lp_hints.prefer)["sst-clos-3"][0]
+    assert not hp_sib & dict(lp_hints.prefer)["sst-clos-3"][0]
