@@ -18,7 +18,10 @@ and ``cpus`` (one row per online CPU: its balloon, or ``free``/``reserved``/
 and a ``punit`` per CPU and balloon, a ``punits`` table and ``pct_mode``/
 ``pct_degraded``, when the cpuClass handler's ``pct`` allocator reports them
 (``clos_of(cpu)``, ``punit_key(cpu)``, ``punits``, ``mode``); a CPU whose
-CLOS is not known has no ``clos`` key, so without PCT the columns are absent.
+CLOS is not known for sure has no ``clos`` key, so without PCT the columns are
+absent. ``clos`` is what the helper did: SST associates whole cores, so a CPU's
+``clos`` is its core's, which may differ from what its ``class`` asks for when
+two classes share a core (the plugin logs how it resolved it).
 """
 
 from __future__ import annotations

@@ -18,6 +18,40 @@ be programmed again, keeping what the hardware still holds for the same plan
 (``PrepareManagedMode(keep_programmed=True)``), then every CPU re-associated;
 a re-handshake with the same helper changes nothing.
 
+CLOS is per core. SST associates *cores* (``CLOS_ASSOC`` addresses a punit
+core; the kernel: "the granularity is at core level not at per CPU level",
+reference sst.md §2.3), and a core has one frequency for its threads, so two
+threads of one core cannot honour two CLOS. Upstream tracks association per
+CPU and never notices; here the rule is:
+
+* a class asks for a CLOS per CPU (:attr:`PctAllocator.want`), but a flush
+  resolves each touched *core*: the core goes to the highest-priority CLOS its
+  threads ask for (an HP CLOS first, then the lower CLOS id, the order SST-CP
+  ordered priority throttles in). An HP pod keeps its turbo; an LP pod on the
+  sibling of an HP thread runs at that core's frequency. Capping the core
+  instead would take away the one promise PCT exists for, silently. Every
+  such core is logged (``pct: cpus ... share a core ...``), as a warning when
+  a PCT class does not get its CLOS, at info level when only non-PCT CPUs
+  (idle, the fallback) follow their sibling;
+* placement avoids it: every class that asks for a CLOS is steered
+  (``sst-whole-core``, before upstream's hints) away from free CPUs whose
+  sibling runs a class asking for another CLOS, so a core is shared only
+  when no whole core is left. Upstream's ``sst-clos-<N>`` hint takes only
+  CPUs on that CLOS by themselves (a free thread is on CLOS 0 when its
+  sibling runs an HP balloon: that core is taken), and an HP balloon then
+  prefers, within the punit ``sst-hp-reserve`` chose, the free threads of
+  cores that are HP already (``sst-hp-core``): they cost no HP core, and
+  fewer HP cores per punit select a faster SST-TF bucket;
+* what the plugin reports (:meth:`PctAllocator.clos_of`, ``/debug/state``)
+  is what the helper did: its ``AssociateCpusReply`` names every CPU moved,
+  siblings included. A refused or unanswered association, and a helper that
+  is away or must be programmed again, make the CLOS unknown (not shown)
+  until the next association; a restarted plugin or helper re-associates
+  every core;
+* SST-TF selects its bucket by the number of HP *cores* per punit, so the HP
+  room of the placement hints counts cores (upstream counts CPUs, which on
+  an SMT part halves the room).
+
 Placement hints (§13.6): HP balloons are steered to the punit with the most
 HP room (then the most free CPUs), other balloons away from punits that hold
 HP CPUs. :meth:`PctAllocator.free_class_capacity` is the extended-resource
@@ -30,7 +64,9 @@ expects).
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -161,14 +197,17 @@ class PctAllocator:
         self.hp_eligible: set[int] = set()
         self.fallback_clos = 0
         self.want: dict[int, int] = {}
-        """cpu -> the CLOS it must be on"""
+        """cpu -> the CLOS its class asks for (its core's CLOS is resolved
+        from its threads' at flush time, see the module doc)"""
         self.class_of: dict[int, str] = {}
         """cpu -> the class last used on it (HP room is derived from it)"""
         self.known: dict[int, int] = {}
-        """cpu -> the CLOS the helper last reported or confirmed"""
+        """cpu -> the CLOS the helper last reported or confirmed (siblings
+        included: a core's threads move together)"""
         self.pending = 0
-        """CPUs whose association a decision touched since the last flush (and
-        those whose AssociateCpus has an unknown outcome: sent again)"""
+        """CPUs whose association a decision touched since the last flush
+        (their whole cores are associated again), and those whose
+        AssociateCpus has an unknown outcome (sent again)"""
         self.need_program = False
         """the SoC-wide SST state must be programmed (or read) before CPUs are
         associated: a new plan, or a restarted helper"""
@@ -575,24 +614,104 @@ class PctAllocator:
     # -- association (§13.3) -------------------------------------------------------
 
     def use(self, cpus: int, name: str) -> None:
-        """Class ``name`` ("" = none) now runs on ``cpus``: record their CLOS."""
+        """Class ``name`` ("" = none) now runs on ``cpus``: record the CLOS it
+        asks for; the next flush associates the cores they are on."""
         if not self.wanted_mode:
             return
         cpus &= self.allowed
         if not cpus:
             return
-        for cpu in cpuset.ids(cpus):
+        ids = cpuset.ids(cpus)
+        for cpu in ids:
             self.class_of[cpu] = name
+        clos = self.clos_for(name)
+        if clos is None:
+            # assoc-only: non-PCT CPUs ask for nothing and are left alone, but
+            # a core they share with a PCT thread follows that thread again
+            for cpu in ids:
+                self.want.pop(cpu, None)
+        else:
+            for cpu in ids:
+                self.want[cpu] = clos
+        self.pending |= cpus
+
+    def clos_for(self, name: str) -> int | None:
+        """The CLOS class ``name`` asks for: its plan's; other classes the
+        fallback in managed mode and none in assoc-only mode (§13.3)."""
         plan = self.plans.get(name)
         if plan is not None:
-            clos = plan.clos
-        elif self.wanted_mode == "managed":
-            clos = self.fallback_clos
-        else:
-            return  # assoc-only: non-PCT CPUs are left alone
-        for cpu in cpuset.ids(cpus):
-            self.want[cpu] = clos
-        self.pending |= cpus
+            return plan.clos
+        if self.wanted_mode == "managed":
+            return self.fallback_clos
+        return None
+
+    def _clos_priority(self) -> dict[int, tuple[bool, int]]:
+        """Sort key of every planned CLOS for a shared core: the HP CLOS
+        first, then the lower id (SST-CP ordered priority: CLOS 0 > 3)."""
+        hp = {self.plans[n].clos for n in self.hp_classes if n in self.plans}
+        return {c: (c not in hp, c) for c in range(CLOS_COUNT)}
+
+    def core_plan(self, pending: int | None = None) -> dict[int, int]:
+        """CLOS -> the CPUs to associate with it, for the cores of ``pending``
+        (default: the pending CPUs; module doc: CLOS is per core). Each core goes to the highest
+        priority CLOS its threads ask for; the request names the core's
+        pending threads that ask for a CLOS (the CPUs the decision touched, as
+        upstream's log line), or, when none does, the threads that ask."""
+        plan: dict[int, int] = {}
+        priority = self._clos_priority()
+        pending = self.pending if pending is None else pending
+        rest = pending
+        while rest:
+            core = self.topology.siblings(rest & -rest)
+            rest &= ~core
+            wants: dict[int, int] = {}
+            for cpu in cpuset.ids(core):
+                clos = self.want.get(cpu)
+                if clos is not None and cpu in self.punit_of:
+                    wants[clos] = wants.get(clos, 0) | 1 << cpu
+            if not wants:
+                continue  # assoc-only: no thread asks for a CLOS
+            clos = min(wants, key=lambda c: priority.get(c, (True, c)))
+            asking = functools.reduce(operator.or_, wants.values())
+            plan[clos] = plan.get(clos, 0) | (pending & asking or asking)
+            if len(wants) > 1:
+                self._log_shared_core(wants, clos)
+        return plan
+
+    def _log_shared_core(self, wants: dict[int, int], clos: int) -> None:
+        parts = []
+        level = logging.INFO
+        for want, mask in sorted(wants.items()):
+            names = sorted({self.class_of.get(c, "") for c in cpuset.ids(mask)})
+            parts.append(
+                f"{cpuset.format(mask)} (cpuClass {', '.join(quote(n) for n in names)}, "
+                f"CLOS {want})"
+            )
+            if want != clos and any(n in self.plans for n in names):
+                level = logging.WARNING  # a PCT class does not get its CLOS
+        log.log(
+            level,
+            "pct: cpus %s share a core; SST associates whole cores: the core is on CLOS %d "
+            "(the higher-priority CLOS wins)",
+            " and ".join(parts),
+            clos,
+        )
+
+    def _learn(self, requested: int, clos: int, reply: m.AssociateCpusReply) -> None:
+        """The helper moved ``requested`` and the siblings its reply names to
+        ``clos`` (only CPUs of the requested cores are believed)."""
+        cores = self.topology.siblings(requested)
+        moved = requested
+        for cpu in reply.cpus:
+            if 0 <= cpu < cores.bit_length() and cores >> cpu & 1:
+                moved |= 1 << cpu
+        for cpu in cpuset.ids(moved):
+            self.known[cpu] = clos
+
+    def _unlearn(self, cpus: int) -> None:
+        """The association of the cores of ``cpus`` is not known any more."""
+        for cpu in cpuset.ids(self.topology.siblings(cpus)):
+            self.known.pop(cpu, None)
 
     def flush_steps(self, timeout: float | None = None) -> Steps[bool]:
         """Reset SST when managed mode was left, program it when needed, and
@@ -642,25 +761,25 @@ class PctAllocator:
         return True
 
     def _associate_pending(self) -> Steps[None]:
-        """One AssociateCpus per CLOS for the pending CPUs. A request without
-        an answer leaves its CPUs (and those not sent yet) pending: its
-        outcome is unknown, they are sent again."""
+        """One AssociateCpus per CLOS for the cores of the pending CPUs (see
+        :meth:`core_plan`). A request without an answer leaves its CPUs (and
+        those not sent yet) pending: its outcome is unknown, they are sent
+        again; until then the plugin is degraded and :meth:`clos_of` says
+        nothing."""
         batch, self.pending = self.pending, 0  # decisions from now on: the next batch
-        by_clos: dict[int, list[int]] = {}
-        for cpu in cpuset.ids(batch):
-            clos = self.want.get(cpu)
-            if clos is not None and cpu in self.punit_of:
-                by_clos.setdefault(clos, []).append(cpu)
-        todo = cpuset.from_ids(c for cpus in by_clos.values() for c in cpus)
+        by_clos = self.core_plan(batch)
+        todo = functools.reduce(operator.or_, by_clos.values(), 0)
         try:
             for clos in sorted(by_clos):
-                cpus = by_clos[clos]
-                mask = cpuset.from_ids(cpus)
+                mask = by_clos[clos]
                 text = cpuset.format(mask)
                 try:
-                    yield from self._ask(m.AssociateCpus(clos=clos, cpus=cpus))
+                    reply = yield from self._ask(m.AssociateCpus(clos=clos, cpus=cpuset.ids(mask)))
+                    if not isinstance(reply, m.AssociateCpusReply) or reply.clos != clos:
+                        raise WriteRefused(f"unexpected reply {type(reply).__name__}")
                 except WriteRefused as exc:
                     todo &= ~mask
+                    self._unlearn(mask)
                     log.warning(
                         "cpuclass: pct failed to apply class on CPUs %s: "
                         "pct: associate cpus %s to CLOS %d: %s",
@@ -671,8 +790,7 @@ class PctAllocator:
                     )
                     continue
                 todo &= ~mask
-                for cpu in cpus:
-                    self.known[cpu] = clos
+                self._learn(mask, clos, reply)
                 log.debug("pct: associated cpus %s to CLOS %d", text, clos)
         except BaseException:  # unavailable, or the steps were abandoned
             self.pending |= todo
@@ -687,15 +805,40 @@ class PctAllocator:
         if not self.mode or requested < 1:
             return out
         free &= self.allowed
+        clos = self.clos_for(name)
+        if clos is not None:
+            shared = self._shared_core_cpus(clos, free, current)
+            whole = free & ~shared
+            if shared and whole.bit_count() >= requested:
+                out.prefer.append(("sst-whole-core", [whole]))
         plan = self.plans.get(name)
         if plan is not None:
-            on_clos = cpuset.from_ids(c for c, k in self.known.items() if k == plan.clos) & free
+            # CPUs on the class's CLOS by themselves: not a free thread that
+            # a sibling in another balloon holds on a CLOS it does not ask for
+            topo = self.topology
+            held = free & topo.siblings(self.allowed & ~free & ~current) & ~topo.siblings(current)
+            on_clos = 0
+            for cpu, k in self.known.items():
+                if (
+                    k == plan.clos
+                    and cpu >= 0
+                    and free >> cpu & 1
+                    and (self.want.get(cpu) == k or not held >> cpu & 1)
+                ):
+                    on_clos |= 1 << cpu
             if on_clos.bit_count() >= requested:
                 out.prefer.append((f"sst-clos-{plan.clos}", [on_clos]))
         if name in self.hp_classes:
-            sets = self._hp_reserve(free, current, requested)
+            used = self._hp_used()
+            sets = self._hp_reserve(free, current, requested, used)
             if sets:
                 out.prefer.append(("sst-hp-reserve", sets))
+            # within the chosen punit, the free threads of cores that are HP
+            # already: no HP core more for SST-TF to count
+            others = functools.reduce(operator.or_, used.values(), 0) & ~current
+            hp_cores = self.topology.siblings(others) & free
+            if hp_cores.bit_count() >= requested:
+                out.prefer.append(("sst-hp-core", [hp_cores]))
             return out
         if self.hp_classes:
             in_use = 0
@@ -704,6 +847,17 @@ class PctAllocator:
             if in_use:
                 out.avoid.append(("sst-hp-in-use", in_use & self.allowed))
         return out
+
+    def _shared_core_cpus(self, clos: int, free: int, current: int) -> int:
+        """The CPUs of ``free`` whose core has a thread in use (neither free
+        nor ``current``) on or asking for another CLOS than ``clos``."""
+        busy = self.topology.siblings(free) & ~free & ~current
+        other = 0
+        for cpu in cpuset.ids(busy):
+            theirs = self.want.get(cpu, self.known.get(cpu))
+            if theirs is not None and theirs != clos:
+                other |= 1 << cpu
+        return self.topology.siblings(other) & free if other else 0
 
     def _hp_used(self) -> dict[int, int]:
         """punit index -> the CPUs an HP class runs on there (from ``class_of``)."""
@@ -715,17 +869,20 @@ class PctAllocator:
         return used
 
     def _room(self, idx: int, current: int, used: dict[int, int]) -> int:
+        """HP cores the punit can still take (SST-TF counts cores)."""
         pu = self.punits[idx]
         if pu.max_hp <= 0:
             return 0
-        return pu.max_hp - (used.get(idx, 0) & ~current).bit_count()
+        return pu.max_hp - self.topology.single_thread(used.get(idx, 0) & ~current).bit_count()
 
-    def _hp_reserve(self, free: int, current: int, requested: int) -> list[int]:
-        """Upstream ``hpReserveCpus``: disjoint candidate sets, best first."""
+    def _hp_reserve(
+        self, free: int, current: int, requested: int, used: dict[int, int]
+    ) -> list[int]:
+        """Upstream ``hpReserveCpus``: disjoint candidate sets, best first
+        (``used``: :meth:`_hp_used`)."""
         if not any(pu.max_hp > 0 for pu in self.punits):
             return []
         need = max(requested, 1)
-        used = self._hp_used()
         # Sorted by room, then free CPUs, then ids (upstream); unlike upstream a
         # growing balloon first stays on the punit it is on (its HP budget).
         tier_a: list[tuple[bool, int, int, int, int, int]] = []
@@ -817,4 +974,9 @@ class PctAllocator:
         return None if idx is None else self.punits[idx].key
 
     def clos_of(self, cpu: int) -> int | None:
+        """The CLOS ``cpu`` (its core) is on as the helper last reported it;
+        ``None`` when that is not known for sure: PCT off, the helper away,
+        restarted or to be programmed again (its SST state may be gone)."""
+        if not self.mode or self.degraded or self._must_program():
+            return None
         return self.known.get(cpu)

@@ -161,6 +161,7 @@ async def node(
     log_level: str = "info",
     topology: str = "n4c16",
     helper_args: tuple[str, ...] = (),
+    plugin_args: tuple[str, ...] = (),
 ) -> AsyncIterator[Node]:
     work = Path(tempfile.mkdtemp(prefix="cpuclass-"))
     host_root = write_topology(work / "host", topology)
@@ -171,7 +172,7 @@ async def node(
     try:
         async with SimulatedRuntime(work / "nri.sock") as rt:
             cmd = plugin_command(work / "nri.sock", host_root, work / "state", cfg)
-            cmd += ["--sst-helper", helper.endpoint, "--log-level", log_level]
+            cmd += ["--sst-helper", helper.endpoint, "--log-level", log_level, *plugin_args]
             n = Node(rt, await PluginProcess.launch(cmd), helper, host_root, work, cmd=cmd)
             try:
                 await wait_registered(rt, n.plugin, 10)
