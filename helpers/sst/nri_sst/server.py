@@ -19,8 +19,9 @@ Bounds, whatever the peers do:
 * **memory**: per connection one request (:data:`~nri_sst.messages.MAX_MESSAGE_SIZE`)
   and one read in, :data:`MAX_PENDING_OUTPUT` out: the requests of a peer
   that does not read its replies are not read.
-* **time**: one request per peer per turn of the loop, so a flooding peer
-  delays the others by at most one request each turn; no call waits on a peer.
+* **time**: one request per turn of the loop, of the peer served longest
+  ago, so a flooding peer delays a client by about one request; no call
+  waits on a peer.
 
 The socket file lives in a directory shared with the unprivileged plugin, so
 its path is never trusted: an existing path is replaced only when it is a
@@ -209,7 +210,7 @@ def open_fds() -> int:
 class Peer:
     """One connected client."""
 
-    __slots__ = ("ident", "mask", "out", "pending", "sock", "wire")
+    __slots__ = ("ident", "mask", "out", "pending", "served", "sock", "wire")
 
     def __init__(self, ident: bytes, sock: socket.socket) -> None:
         self.ident = ident
@@ -223,6 +224,8 @@ class Peer:
         self.out = bytearray()
         self.pending: zmtp.Event | None = None
         """The next complete event, read but not handled yet."""
+        self.served = 0
+        """When its last event was handled (the server's turn count)."""
         self.mask = 0
 
 
@@ -246,6 +249,7 @@ class Server:
         self.peers: dict[int, Peer] = {}
         """By file descriptor, oldest connection first."""
         self._ids = itertools.count(1)
+        self._turns = 0
         self._accepting = True
         self._resume_at: float | None = None
         """When accepting resumes after a failed accept (None: when a peer leaves)."""
@@ -266,8 +270,8 @@ class Server:
             "nri-sst-helper: serving on %s (backend %s)", self.endpoint, self.handler.backend.name
         )
         backend = self.handler.backend
+        busy = False
         while not self.stopping:
-            busy = any(p.pending is not None for p in self.peers.values())
             timeout = 0.0 if busy else 0.01 if backend.has_deferred() else 1.0
             if self._resume_at is not None:
                 timeout = max(0.0, min(timeout, self._resume_at - time.monotonic()))
@@ -279,7 +283,7 @@ class Server:
                     self._drain_wakeups()
                 elif (peer := self.peers.get(key.fd)) is not None:
                     self._io(peer, mask)
-            self._serve_turn()
+            busy = self._serve_one()
             if self._resume_at is not None and time.monotonic() >= self._resume_at:
                 self._resume_accepting()
             if not ready and not busy and backend.has_deferred():
@@ -307,9 +311,12 @@ class Server:
 
     def _accept(self) -> None:
         for _ in range(ACCEPT_BURST):
-            if len(self.peers) >= self.max_connections and not self._evict_one():
-                self._pause_accepting(None)
-                return
+            victim = None
+            if len(self.peers) >= self.max_connections:
+                victim = self._oldest_without_session()
+                if victim is None:
+                    self._pause_accepting(None)
+                    return
             try:
                 sock, _ = self.listener.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -322,26 +329,27 @@ class Server:
                 )
                 self._pause_accepting(time.monotonic() + ACCEPT_BACKOFF)
                 return
+            if victim is not None:
+                self._close(victim, "replaced by a new connection (connection limit)")
             sock.setblocking(False)
             peer = Peer(b"\x00" + next(self._ids).to_bytes(4, "big"), sock)
             self.peers[sock.fileno()] = peer
-            self._flush(peer)
-            if peer.sock.fileno() >= 0:
+            log.debug("nri-sst-helper: peer %s connected", peer.ident.hex())
+            if self._flush(peer):
                 self._interest(peer)
 
-    def _evict_one(self) -> bool:
-        """Close the oldest peer that has not said Hello (to make room)."""
+    def _oldest_without_session(self) -> Peer | None:
+        """The peer to close for a new one at the cap: the oldest that has not said Hello."""
         for peer in self.peers.values():
             if peer.ident not in self.handler.peers:
-                self._close(peer, "replaced by a new connection (connection limit)")
-                return True
+                return peer
         if not self._full_logged:
             log.warning(
                 "nri-sst-helper: %d peers connected, all in session: new connections wait",
                 len(self.peers),
             )
             self._full_logged = True
-        return False
+        return None
 
     def _pause_accepting(self, until: float | None) -> None:
         if self._accepting:
@@ -421,23 +429,36 @@ class Server:
             del peer.out[:sent]
         return True
 
-    def _serve_turn(self) -> None:
-        """One event of every peer that has one and room for its reply."""
-        for peer in list(self.peers.values()):
-            event = peer.pending
-            if event is None or len(peer.out) >= MAX_PENDING_OUTPUT:
-                continue
-            peer.pending = None
-            if isinstance(event, zmtp.Closed):
-                self._flush(peer)  # an ERROR command, where there is one
-                self._close(peer, event.reason)
-                continue
-            reply = self._answer(peer, event)
-            if reply is not None:
-                peer.out += zmtp.encode_frames(reply)
-            peer.pending = peer.wire.next_event()
-            if self._flush(peer):
-                self._interest(peer)
+    def _serve_one(self) -> bool:
+        """Handle one event: of the peer served longest ago among those that
+        have one and room for its reply. A client that asks now and then is
+        thus served before peers that keep the helper busy. False: none."""
+        peer = min(
+            (
+                p
+                for p in self.peers.values()
+                if p.pending is not None and len(p.out) < MAX_PENDING_OUTPUT
+            ),
+            key=lambda p: p.served,
+            default=None,
+        )
+        event = peer.pending if peer is not None else None
+        if peer is None or event is None:
+            return False
+        peer.pending = None
+        self._turns += 1
+        peer.served = self._turns
+        if isinstance(event, zmtp.Closed):
+            self._flush(peer)  # an ERROR command, where there is one
+            self._close(peer, event.reason)
+            return True
+        reply = self._answer(peer, event)
+        if reply is not None:
+            peer.out += zmtp.encode_frames(reply)
+        peer.pending = peer.wire.next_event()
+        if self._flush(peer):
+            self._interest(peer)
+        return True
 
     def _answer(self, peer: Peer, event: zmtp.Event) -> list[bytes] | None:
         if isinstance(event, zmtp.Message):
