@@ -143,11 +143,15 @@ class SocketFile:
             raise ServeError(f"cannot bind {path}: {exc.strerror}") from None
         finally:
             os.umask(old)
-        try:
-            st = os.lstat(path)
+        try:  # what the path names now, never following a symlink
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             sock.close()
             raise ServeError(f"{path} vanished right after bind: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         if (
             not stat.S_ISSOCK(st.st_mode)
             or stat.S_IMODE(st.st_mode) != mode
@@ -255,6 +259,8 @@ class Server:
         """When accepting resumes after a failed accept (None: when a peer leaves)."""
         self._full_logged = False
         self._idle_failed = False
+        self._busy = False
+        self._wakeup_set = False
         self.stopping = False
 
     # ------------------------------------------------------------------ loop
@@ -266,29 +272,35 @@ class Server:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        self._wakeup_set = True
         log.info(
             "nri-sst-helper: serving on %s (backend %s)", self.endpoint, self.handler.backend.name
         )
-        backend = self.handler.backend
-        busy = False
         while not self.stopping:
-            timeout = 0.0 if busy else 0.01 if backend.has_deferred() else 1.0
-            if self._resume_at is not None:
-                timeout = max(0.0, min(timeout, self._resume_at - time.monotonic()))
-            ready = self.selector.select(timeout)
-            for key, mask in ready:
-                if key.fileobj is self.listener.sock:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    self._drain_wakeups()
-                elif (peer := self.peers.get(key.fd)) is not None:
-                    self._io(peer, mask)
-            busy = self._serve_one()
-            if self._resume_at is not None and time.monotonic() >= self._resume_at:
-                self._resume_accepting()
-            if not ready and not busy and backend.has_deferred():
-                self._idle()
+            self.run_once()
         return self.shutdown()
+
+    def run_once(self) -> None:
+        """One turn: wait for I/O (not at all while a request is pending), read,
+        accept, then handle one event (see :meth:`_serve_one`)."""
+        backend = self.handler.backend
+        timeout = 0.0 if self._busy else 0.01 if backend.has_deferred() else 1.0
+        if self._resume_at is not None:
+            timeout = max(0.0, min(timeout, self._resume_at - time.monotonic()))
+        ready = self.selector.select(timeout)
+        for key, mask in ready:
+            if key.fileobj is self.listener.sock:
+                self._accept()
+            elif key.fileobj is self._wake_r:
+                self._drain_wakeups()
+            elif (peer := self.peers.get(key.fd)) is not None:
+                self._io(peer, mask)
+        busy = self._busy
+        self._busy = self._serve_one()
+        if self._resume_at is not None and time.monotonic() >= self._resume_at:
+            self._resume_accepting()
+        if not ready and not busy and not self._busy and backend.has_deferred():
+            self._idle()
 
     def _drain_wakeups(self) -> None:
         try:
@@ -482,7 +494,8 @@ class Server:
     # ------------------------------------------------------------------ stop
 
     def shutdown(self) -> int:
-        signal.set_wakeup_fd(-1)
+        if self._wakeup_set:
+            signal.set_wakeup_fd(-1)
         for peer in list(self.peers.values()):
             self._close(peer, "helper stopping")
         self.listener.close()

@@ -12,7 +12,6 @@ import socket
 import stat
 import statistics
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -71,63 +70,88 @@ def reply_of(peer: RawPeer) -> m.Reply:
 # --------------------------------------------------------------------------- the socket path
 
 
-def swap_in_symlinks(
-    sock: Path, link: Path, victim: Path, stop: threading.Event, after_bind: bool
-) -> None:
-    """Replace ``sock`` by a symlink to ``victim``, again and again (only once it
-    is a socket when ``after_bind``)."""
-    while not stop.is_set():
+RACE_HOOK = """
+import os, sys, time
+
+SOCK, VICTIM = os.environ.get("SWAP_SOCK"), os.environ.get("SWAP_VICTIM")
+
+
+def _race(event, args):
+    global SOCK
+    if event == "os.chmod":
+        time.sleep(0.3)  # any chmod: a window a racer always wins
+    elif event == "open" and SOCK and args and os.fspath(args[0]) == SOCK:
+        os.symlink(VICTIM, SOCK + ".link")  # the helper looks at its socket: swap it first
+        os.replace(SOCK + ".link", SOCK)
+        SOCK = None
+
+
+sys.addaudithook(_race)
+"""
+"""The helper's ``sitecustomize``: audit hooks that time a race (ours, small,
+only timing: the helper's code is unchanged)."""
+
+
+def swap_in_a_symlink(sock: Path, victim: Path, give_up: float) -> bool:
+    """The moment ``sock`` shows as a socket, put a symlink to ``victim`` in its
+    place. False when the socket never showed (the helper refused to start)."""
+    link = sock.with_name("link")
+    os.symlink(victim, link)
+    while time.monotonic() < give_up:
         try:
-            if not after_bind or stat.S_ISSOCK(os.lstat(sock).st_mode):
-                os.symlink(victim, link)
+            if stat.S_ISSOCK(os.lstat(sock).st_mode):
                 os.replace(link, sock)
-        except OSError:
+                return True
+        except FileNotFoundError:
             pass
+    return False
 
 
-def test_socket_is_ours_0600_and_no_symlink_swapped_in_gets_chmod(
-    host_root: Path, tmp_path: Path
+@pytest.mark.parametrize("when", ["at-the-check", "after-bind"])
+def test_no_symlink_swapped_in_for_the_socket_gets_chmod(
+    host_root: Path, tmp_path: Path, when: str
 ) -> None:
-    """A racer swaps the path for a symlink to a 0644 file, before bind
-    (always) or right after it (once the socket shows): the helper refuses
-    to serve rather than change the file's mode. Undisturbed, the socket is
-    a 0600 socket owned by the helper's user."""
+    """The fresh socket swapped for a symlink to a 0644 file: the file keeps its
+    mode and the helper's exit leaves the symlink alone. ``at-the-check``: the
+    swap lands right when the helper looks at its socket after bind (an audit
+    hook on its ``open`` of the path), so the helper refuses to serve.
+    ``after-bind``: a racer swaps it as soon as it shows, and every
+    ``os.chmod`` the helper would call takes 300 ms (an audit hook), a window
+    the racer always wins; the helper may refuse or serve on, unreachable."""
     victim = tmp_path / "victim"
     victim.write_text("keep my mode")
     victim.chmod(0o644)
-    for attempt in range(8):
-        run = tmp_path / f"run{attempt}"
-        run.mkdir(mode=0o700)
-        sock, link, log = run / "helper.sock", run / "link", run / "helper.log"
-        stop = threading.Event()
-
-        t = threading.Thread(
-            target=swap_in_symlinks, args=(sock, link, victim, stop, attempt % 2 == 1), daemon=True
+    (tmp_path / "sitecustomize.py").write_text(RACE_HOOK)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    sock, log = run / "helper.sock", run / "helper.log"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    if when == "at-the-check":
+        env |= {"SWAP_SOCK": str(sock), "SWAP_VICTIM": str(victim)}
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            helper_command(host_root, f"ipc://{sock}", run / "sim.json"), stderr=err, env=env
         )
-        t.start()
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                helper_command(host_root, f"ipc://{sock}", run / "sim.json"), stderr=err
-            )
-        try:
-            deadline = time.monotonic() + 20
-            while proc.poll() is None and "serving on" not in log.read_text():
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-        finally:
-            stop.set()
-            t.join(5)
-            proc.kill()
-            proc.wait(10)
-        assert stat.S_IMODE(victim.stat().st_mode) == 0o644, log.read_text()
-        assert victim.read_text() == "keep my mode"
-    h = start_helper(host_root, tmp_path / "clean")
     try:
-        st = os.lstat(h.sock)
-        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
-        assert st.st_uid == os.geteuid()
+        if when == "at-the-check":
+            assert proc.wait(20) == 1
+            assert "is not the socket just bound (a symlink" in log.read_text()
+        else:
+            assert swap_in_a_symlink(sock, victim, time.monotonic() + 20)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) in (0, 1)
     finally:
-        stop_helper(h)
+        proc.kill()
+        proc.wait(10)
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644, log.read_text()
+    assert victim.read_text() == "keep my mode" and os.path.islink(sock)
+
+
+def test_the_socket_is_a_0600_socket_of_the_helpers_user(helper: Helper) -> None:
+    st = os.lstat(helper.sock)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_uid == os.geteuid()
 
 
 def _dir(p: Path) -> None:
