@@ -167,6 +167,11 @@ class Connection:
     def open(self) -> bool:
         return self._state == "open"
 
+    @property
+    def buffered(self) -> int:
+        """Input bytes held (at most one partial message and one read)."""
+        return len(self._in)
+
     def receive(self, data: bytes) -> None:
         self._in += data
 
