@@ -19,9 +19,9 @@ Bounds, whatever the peers do:
 * **memory**: per connection one request (:data:`~nri_sst.messages.MAX_MESSAGE_SIZE`)
   and one read in, :data:`MAX_PENDING_OUTPUT` out: the requests of a peer
   that does not read its replies are not read.
-* **time**: one request per turn of the loop, of the peer served longest
-  ago, so a flooding peer delays a client by about one request; no call
-  waits on a peer.
+* **time**: one request per turn of the loop, of the peer that asked least
+  lately, so flooding peers delay a client by about one request however many
+  they are; no call waits on a peer.
 
 The socket file lives in a directory shared with the unprivileged plugin, so
 its path is never trusted: an existing path is replaced only when it is a
@@ -74,6 +74,8 @@ FRAME_OVERHEAD = 64
 DISCARD_LIMIT = 1024 * 1024
 """Bytes of one refused message read and thrown away before its peer is dropped."""
 DISCARD_FRAMES = 64
+LOAD_DECAY = 0.99
+"""How a peer's load fades per turn (of anybody's): ~100 turns to forget."""
 WIRE_ERROR = "expected frames [b'', request_id, payload]"
 
 
@@ -214,7 +216,7 @@ def open_fds() -> int:
 class Peer:
     """One connected client."""
 
-    __slots__ = ("ident", "mask", "out", "pending", "served", "sock", "wire")
+    __slots__ = ("ident", "load", "mask", "out", "pending", "served", "sock", "wire")
 
     def __init__(self, ident: bytes, sock: socket.socket) -> None:
         self.ident = ident
@@ -230,6 +232,8 @@ class Peer:
         """The next complete event, read but not handled yet."""
         self.served = 0
         """When its last event was handled (the server's turn count)."""
+        self.load = 0.0
+        """Events handled lately: +1 each, decaying by :data:`LOAD_DECAY` a turn."""
         self.mask = 0
 
 
@@ -442,16 +446,18 @@ class Server:
         return True
 
     def _serve_one(self) -> bool:
-        """Handle one event: of the peer served longest ago among those that
-        have one and room for its reply. A client that asks now and then is
-        thus served before peers that keep the helper busy. False: none."""
+        """Handle one event: of the peer that asked least lately (lowest
+        :attr:`Peer.load`) among those that have one and room for its reply.
+        A client that asks now and then thus goes before peers that keep the
+        helper busy, however many they are. False: nothing to handle."""
+        turn = self._turns
         peer = min(
             (
                 p
                 for p in self.peers.values()
                 if p.pending is not None and len(p.out) < MAX_PENDING_OUTPUT
             ),
-            key=lambda p: p.served,
+            key=lambda p: p.load * LOAD_DECAY ** (turn - p.served),
             default=None,
         )
         event = peer.pending if peer is not None else None
@@ -459,6 +465,7 @@ class Server:
             return False
         peer.pending = None
         self._turns += 1
+        peer.load = peer.load * LOAD_DECAY ** (self._turns - peer.served) + 1
         peer.served = self._turns
         if isinstance(event, zmtp.Closed):
             self._flush(peer)  # an ERROR command, where there is one

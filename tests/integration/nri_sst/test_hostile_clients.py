@@ -5,6 +5,7 @@ its answers and the helper's peak RSS stays under 40 MB."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -436,10 +437,8 @@ def test_malformed_peers_are_refused_and_the_helper_lives(helper: Helper) -> Non
     for name, (data, error) in dropped.items():
         peer = RawPeer(helper.sock, handshake=False)
         try:
-            try:
-                peer.sock.sendall(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # hung up on before the end of it
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                peer.sock.sendall(data)  # may be hung up on before the end of it
             got = b""
             peer.sock.settimeout(2.0)
             try:

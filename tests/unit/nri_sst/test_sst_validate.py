@@ -213,7 +213,9 @@ def test_cpufreq_checked_against_the_state_it_leaves(
     assert before == {(c, f): _cpufreq(handler, c, f) for c in (0, 1, 2) for f in FILES}
 
 
-def test_cpufreq_changes_whose_resulting_state_is_valid_are_accepted(handler: RequestHandler) -> None:
+def test_cpufreq_changes_whose_resulting_state_is_valid_are_accepted(
+    handler: RequestHandler,
+) -> None:
     handler.dispatch(m.SetCpufreq(cpus=[1], governor="performance", max_khz=2_000_000))
     handler.dispatch(m.SetCpufreq(cpus=[1], min_khz=2_000_000))  # = the max now
     handler.dispatch(m.SetCpufreq(cpus=[1], governor="powersave", epp="power"))
