@@ -38,6 +38,21 @@ class Helper:
         """The helper's peak resident set (VmHWM) so far, MB."""
         return proc_status(self.proc.pid, "VmHWM") / 1024
 
+    def cpu_ticks(self) -> int:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        """Until the helper used no CPU for 0.3 s (it has done what it will do)."""
+        deadline = time.monotonic() + timeout
+        last, quiet = self.cpu_ticks(), 0
+        while quiet < 3:
+            assert time.monotonic() < deadline, "the helper kept busy"
+            time.sleep(0.1)
+            now = self.cpu_ticks()
+            quiet = quiet + 1 if now == last else 0
+            last = now
+
     def open_fds(self) -> int:
         return len(list(Path(f"/proc/{self.proc.pid}/fd").iterdir()))
 

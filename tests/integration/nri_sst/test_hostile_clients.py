@@ -213,12 +213,14 @@ def test_a_second_helper_on_a_live_socket_is_refused_and_exits_leave_others_alon
         assert out.returncode == 1
         assert "another helper is serving on this socket" in out.stderr
         assert answers(first.endpoint)
-        # Somebody else's file at the path by the time the first one exits: kept.
+        # Somebody else's socket at the path by the time the first one exits: kept.
         os.rename(first.sock, tmp_path / "moved.sock")
-        first.sock.write_text("not the helper's")
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        other.bind(str(first.sock))
+        other.close()
         first.proc.send_signal(signal.SIGTERM)
         assert first.proc.wait(10) == 0
-        assert first.sock.read_text() == "not the helper's"
+        assert stat.S_ISSOCK(os.lstat(first.sock).st_mode)
         assert (tmp_path / "moved.sock").exists()  # not found by path any more: not removed
     finally:
         stop_helper(first)
@@ -393,10 +395,10 @@ def test_memory_floods_keep_the_helper_under_40mb(host_root: Path, tmp_path: Pat
         assert f.returncode == 0
         readers = [RawPeer(h.sock) for _ in range(24)]  # the cap leaves room for a few more
         try:
-            for r in readers:
-                r.sock.sendall(HELLO + DISCOVER * 200)
-            time.sleep(1.0)
+            for r in readers:  # 90 MB of replies, if the helper kept them
+                r.sock.sendall(HELLO + DISCOVER * 1000)
             plugin.call(m.Discover(), m.DiscoverReply)
+            h.wait_idle()
             assert h.proc.poll() is None
         finally:
             for r in readers:
