@@ -13,6 +13,7 @@ import socket
 import stat
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -234,8 +235,18 @@ def test_a_stale_socket_is_replaced(host_root: Path, tmp_path: Path) -> None:
     dead.close()
     h = start_helper(host_root, tmp_path, sock=run / "helper.sock")
     try:
-        assert answers(h.endpoint)
+        deadline = time.monotonic() + 20  # the stale socket was there before the helper
+        while "serving on" not in h.stderr():
+            assert h.proc.poll() is None and time.monotonic() < deadline, h.stderr()
+            time.sleep(0.02)
         assert "removed the stale socket" in h.stderr()
+        info = subprocess.run(
+            [sys.executable, "-m", "nri_sst.cli", "info", "--socket", h.endpoint],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert info.returncode == 0 and "SST-PP" in info.stdout.splitlines(), info.stderr
     finally:
         stop_helper(h)
 
@@ -338,6 +349,24 @@ def test_more_connections_than_the_nofile_limit(host_root: Path, tmp_path: Path)
         for s in held:
             s.close()
         stop_helper(h)
+
+
+def test_a_nofile_limit_that_leaves_no_room_for_peers_is_refused(
+    host_root: Path, tmp_path: Path
+) -> None:
+    def tiny_nofile() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (20, 20))
+
+    out = subprocess.run(
+        helper_command(host_root, f"ipc://{tmp_path}/helper.sock", tmp_path / "sim.json"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        preexec_fn=tiny_nofile,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "the nofile limit 20 leaves no file descriptors for peers" in out.stderr
+    assert not (tmp_path / "helper.sock").exists()
 
 
 def test_running_out_of_file_descriptors(host_root: Path, tmp_path: Path) -> None:
