@@ -7,7 +7,11 @@ measured values; with ``NRI_BENCH_OUT`` set they are also written there for
 * helper round trip (GetClosConfig, the smallest request that reaches the
   backend) as the asyncio client sees it, p50/p99 (target p50 <= 150 us);
 * AssociateCpus of all 256 CPUs to one CLOS, p50 (target <= 5 ms);
-* helper RSS after the run (target <= 35 MB).
+* helper RSS after the run (target <= 35 MB);
+* the blocking client's round trip while six hostile clients flood the helper
+  for a bounded time (``tests/integration/nri_sst/hostile.py``: garbage,
+  1 MiB payloads, endless and many-frame messages, unread replies, connection
+  churn), p50/p99 (target p99 <= 10 ms), and the helper's peak RSS after it.
 
     python tests/bench/bench_sst.py [--rounds N]
 """
@@ -24,6 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+# hostile.py, the flood of the helper's integration tests, lives beside them
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "nri_sst"))
+
+import hostile
 import zmq
 from _results import Figure, pct, show, write
 from nri_framework.simulate.sysfs import write_topology
@@ -31,11 +39,18 @@ from nri_sst import messages as m
 from nri_sst.client import HelperClient, SyncHelperClient
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def measure_flood(sock: Path, seconds: float) -> list[float]:
+    """The blocking client's GetClosConfig round trips during a bounded flood."""
+    with hostile.flood(sock, hostile.FLOOD, seconds) as f:
+        time.sleep(0.3)  # the attackers are connected
+        return hostile.latencies(f"ipc://{sock}", until=lambda: f.poll() is not None)
 
 
 @dataclass(frozen=True)
@@ -154,6 +169,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--state-file", action="store_true", help="persist sim state (JSON) too")
+    ap.add_argument("--flood-seconds", type=float, default=5.0, help="length of the flood")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = write_topology(Path(tmp) / "host", "xeon-6776p")
@@ -181,6 +197,8 @@ def main() -> int:
             rt_sync = measure_sync(f"ipc://{sock}", args.rounds)
             floor = measure_floor(Path(tmp), args.rounds)
             rss = rss_mb(proc.pid)
+            flooded = measure_flood(sock, args.flood_seconds)
+            flood_rss = rss_mb(proc.pid, "VmHWM")
         finally:
             proc.terminate()
             proc.wait(10)
@@ -222,6 +240,27 @@ def main() -> int:
                 )
             )
     figures.append(Figure("sst.helper_rss", "helper RSS", rss, "MB", 35))
+    n = f"n={len(flooded)}, 6 hostile clients, {args.flood_seconds:g} s"
+    figures += [
+        Figure(
+            "sst.flood_rt_p50",
+            "helper round trip p50 during a flood, blocking client",
+            pct(flooded, 0.5) * 1e3,
+            "ms",
+            note=n,
+        ),
+        Figure(
+            "sst.flood_rt_p99",
+            "helper round trip p99 during a flood, blocking client",
+            pct(flooded, 0.99) * 1e3,
+            "ms",
+            10,
+            n,
+        ),
+        Figure(
+            "sst.flood_rss_peak", "helper peak RSS (VmHWM) after the flood", flood_rss, "MB", 40
+        ),
+    ]
     show(f"sst helper (sim backend, xeon-6776p, {state} --sim-state)", figures)
     write("sst", figures, f"sst helper, sim backend, xeon-6776p, {state} --sim-state")
     return 0

@@ -37,6 +37,7 @@ EXPECTED = {
     "sst.rt_sync_p50": ("bench_sst.py", "helper round trip p50"),
     "sst.associate_256_p50": ("bench_sst.py", "AssociateCpus of 256 CPUs"),
     "sst.helper_rss": ("bench_sst.py", "helper RSS"),
+    "sst.flood_rt_p99": ("bench_sst.py", "helper round trip p99 during a flood"),
 }
 
 

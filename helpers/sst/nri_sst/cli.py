@@ -27,7 +27,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the helper protocol on a ZeroMQ ROUTER socket")
-    s.add_argument("--socket", required=True, help="endpoint, e.g. ipc:///run/nri-sst/helper.sock")
+    s.add_argument(
+        "--socket",
+        required=True,
+        help="ipc:// endpoint with an absolute path, e.g. ipc:///run/nri-sst/helper.sock",
+    )
     i = sub.add_parser("info", help="print packages, punits and SST status")
     for q in (s, i):
         q.add_argument("--backend", choices=BACKENDS, default="auto")
@@ -43,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s",
@@ -51,8 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     log = logging.getLogger("nri_sst")
     if args.command == "serve":
-        from nri_sst.server import serve
+        from nri_sst.server import ServeError, ipc_path, serve
 
+        try:
+            ipc_path(args.socket)
+        except ServeError as exc:
+            parser.error(str(exc))
         backend, note = make_backend(
             args.backend, args.host_root, args.sim_state, sim_config(args.sim_config)
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 from nri_sst import PROTOCOL_VERSION, validate
@@ -25,6 +26,41 @@ CAPABILITIES = ["sst-cp", "sst-tf", "cstates", "cpufreq", "uncore", "aperf-mperf
 MAX_PEERS = 1024
 
 
+class PeerTable:
+    """The peers that said Hello, least recently active first, at most ``limit``.
+
+    A request of a peer makes it the most recent; a Hello beyond the limit
+    ends the session of the least recently active peer only, so a client in
+    use keeps its session whatever other clients do. The server ends the
+    session of a peer whose connection closed (:meth:`discard`)."""
+
+    def __init__(self, limit: int = MAX_PEERS) -> None:
+        self.limit = limit
+        self._peers: OrderedDict[bytes, None] = OrderedDict()
+
+    def add(self, peer: bytes) -> None:
+        self._peers[peer] = None
+        self._peers.move_to_end(peer)
+        while len(self._peers) > self.limit:
+            self._peers.popitem(last=False)
+
+    def touch(self, peer: bytes) -> bool:
+        """Mark ``peer`` active; False when it has no session."""
+        if peer not in self._peers:
+            return False
+        self._peers.move_to_end(peer)
+        return True
+
+    def discard(self, peer: bytes) -> None:
+        self._peers.pop(peer, None)
+
+    def __contains__(self, peer: object) -> bool:
+        return peer in self._peers
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+
 class RequestHandler:
     def __init__(self, backend: Backend, host_root: Path) -> None:
         self.backend = backend
@@ -34,7 +70,8 @@ class RequestHandler:
         self.writer = SysfsWriter(self.machine)
         self.managed = False
         """True after PrepareManagedMode until Teardown: SIGTERM then resets SST."""
-        self.peers: set[bytes] = set()
+        self.peers = PeerTable()
+        self._sync_failed = False
         self.instance = os.urandom(8).hex()
         """Random per process (HelloReply.instance): a restarted helper is a new one."""
         for w in self.platform.warnings:
@@ -53,11 +90,13 @@ class RequestHandler:
             reply = m.ErrorReply(code="internal", message=f"internal error: {exc!r}")
         return m.encode(reply)
 
+    def forget(self, peer: bytes) -> None:
+        """``peer`` is gone (its connection closed): it must say Hello again."""
+        self.peers.discard(peer)
+
     def dispatch(self, req: m.Request, peer: bytes = b"") -> m.Reply:
         if isinstance(req, m.Hello):
             validate.hello(req)
-            if len(self.peers) >= MAX_PEERS:
-                self.peers.clear()
             self.peers.add(peer)
             return m.HelloReply(
                 protocol=PROTOCOL_VERSION,
@@ -66,15 +105,27 @@ class RequestHandler:
                 capabilities=list(CAPABILITIES),
                 instance=self.instance,
             )
-        if peer not in self.peers:
+        if not self.peers.touch(peer):
             raise m.HelperError("handshake-required", "send Hello first")
         changed = True
         try:
             reply, changed = self._run(req)
         finally:
             if changed:
-                self.backend.sync()
+                self._sync()
         return reply
+
+    def _sync(self) -> None:
+        """The backend's after-change hook; its failure (the sim's state file
+        cannot be written) does not undo the change the reply reports."""
+        try:
+            self.backend.sync()
+        except OSError as exc:
+            if not self._sync_failed:
+                log.error("sst: backend sync failed: %s", exc)
+            self._sync_failed = True
+        else:
+            self._sync_failed = False
 
     def _sst(self) -> SstPlatform:
         self.platform.require()
@@ -138,7 +189,7 @@ class RequestHandler:
             # idle states change no frequency limit (sst.md §5.5.12): nothing to sync
             return m.SetCstatesReply(cpus=cpus, disabled=sorted(names)), False
         if isinstance(req, m.SetCpufreq):
-            cpus = validate.cpufreq(mc, req)
+            cpus = validate.cpufreq(mc, req, self.writer.cpufreq_now)
             try:
                 for cpu in cpus:
                     self.writer.set_cpufreq(cpu, req.min_khz, req.max_khz, req.governor, req.epp)
@@ -148,7 +199,7 @@ class RequestHandler:
                 self.backend.sysfs_changed(cpus)
             return m.SetCpufreqReply(cpus=cpus), True
         if isinstance(req, m.SetUncore):
-            validate.uncore(mc, req)
+            validate.uncore(mc, req, self.writer.uncore_now)
             try:
                 self.writer.set_uncore(req.package, req.die, req.min_khz, req.max_khz)
             except SysfsError as exc:

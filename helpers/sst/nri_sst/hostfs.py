@@ -37,6 +37,15 @@ class CpuFreq:
 
 
 @dataclass(frozen=True)
+class CpufreqNow:
+    """The writable cpufreq knobs of one CPU as sysfs has them now (-1/None: unreadable)."""
+
+    min_khz: int
+    max_khz: int
+    governor: str | None
+
+
+@dataclass(frozen=True)
 class Uncore:
     package: int
     die: int
@@ -208,6 +217,24 @@ class SysfsWriter:
         """``(scaling_min_freq, scaling_max_freq)`` in kHz, ``(0, 0)`` when unreadable."""
         d = self.cpu_dir / f"cpu{cpu:d}" / "cpufreq"
         return _read_int(d / "scaling_min_freq"), _read_int(d / "scaling_max_freq")
+
+    def cpufreq_now(self, cpu: int) -> CpufreqNow:
+        """What cpufreq of ``cpu`` is set to now (what a request is checked against)."""
+        d = self.cpu_dir / f"cpu{cpu:d}" / "cpufreq"
+        try:
+            governor: str | None = _read(d / "scaling_governor")
+        except OSError:
+            governor = None
+        return CpufreqNow(
+            min_khz=_read_int(d / "scaling_min_freq", -1),
+            max_khz=_read_int(d / "scaling_max_freq", -1),
+            governor=governor,
+        )
+
+    def uncore_now(self, package: int, die: int) -> tuple[int, int]:
+        """``(min_freq_khz, max_freq_khz)`` of an uncore domain; -1 where unreadable."""
+        d = self.machine.root / UNCORE_DIR / f"package_{package:02d}_die_{die:02d}"
+        return _read_int(d / "min_freq_khz", -1), _read_int(d / "max_freq_khz", -1)
 
 
 def online_list(machine: Machine) -> str:

@@ -407,17 +407,24 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
 
 
+def too_large(size: int) -> HelperError:
+    """The refusal of a message of ``size`` bytes (over :data:`MAX_MESSAGE_SIZE`)."""
+    return HelperError(
+        "too-large", f"message of {size} bytes exceeds the limit of {MAX_MESSAGE_SIZE}"
+    )
+
+
 def decode_request(data: bytes) -> Request:
     """Bytes -> one of the closed request set, or :class:`HelperError`.
 
     The size is checked before any decoding.
     """
     if len(data) > MAX_MESSAGE_SIZE:
-        raise HelperError(
-            "too-large", f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_SIZE}"
-        )
+        raise too_large(len(data))
     try:
         return _request_decoder.decode(data)
+    except RecursionError:
+        raise HelperError("malformed", "malformed message: nested too deeply") from None
     except msgspec.ValidationError as exc:
         text = str(exc)
         if "Invalid value" in text and "`$.type`" in text:

@@ -9,11 +9,11 @@ never anything else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from nri_sst import messages as m
 from nri_sst._cpuset import format as format_cpus
-from nri_sst.hostfs import Machine
+from nri_sst.hostfs import CpufreqNow, Machine
 
 MAX_CLOS_KHZ = m.CLOS_NO_LIMIT_KHZ
 MAX_PROP_PRIO = 15
@@ -89,7 +89,10 @@ def _freq_range(machine: Machine, cpus_: Iterable[int] | None = None) -> tuple[i
     return max(i.min_khz for i in infos), min(i.max_khz for i in infos)
 
 
-def cpufreq(machine: Machine, req: m.SetCpufreq) -> list[int]:
+def cpufreq(machine: Machine, req: m.SetCpufreq, now: Callable[[int], CpufreqNow]) -> list[int]:
+    """The request and the state it leaves: ``now(cpu)`` reads what sysfs has, so a
+    knob the request leaves alone is checked too (min <= max after the writes;
+    no non-performance EPP under the performance governor, set earlier or now)."""
     targets = cpus(machine, req.cpus)
     no_freq = [c for c in targets if c not in machine.cpufreq]
     if no_freq:
@@ -112,16 +115,27 @@ def cpufreq(machine: Machine, req: m.SetCpufreq) -> list[int]:
                 f"epp: {req.epp!r} is neither one of {list(info.epp_preferences)} "
                 f"nor an integer 0..255 (cpu {c})"
             )
-    if (
-        req.epp is not None
-        and req.governor == "performance"
-        and req.epp
-        not in (
-            "performance",
-            "0",
-        )
-    ):
+    performance_epp = req.epp is None or req.epp in ("performance", "0")
+    if not performance_epp and req.governor == "performance":
         raise _bad(f"epp: {req.epp!r} is refused under the performance governor (EBUSY)")
+    one_limit = (req.min_khz is None) != (req.max_khz is None)
+    if one_limit or (not performance_epp and req.governor is None):
+        for c in targets:
+            state = now(c)
+            if req.max_khz is None and req.min_khz is not None and req.min_khz > state.max_khz >= 0:
+                raise _bad(
+                    f"min_khz {req.min_khz} is greater than max_khz {state.max_khz} "
+                    f"(scaling_max_freq of cpu {c})"
+                )
+            if req.min_khz is None and req.max_khz is not None and req.max_khz < state.min_khz:
+                raise _bad(
+                    f"max_khz {req.max_khz} is smaller than min_khz {state.min_khz} "
+                    f"(scaling_min_freq of cpu {c})"
+                )
+            if not performance_epp and req.governor is None and state.governor == "performance":
+                raise _bad(
+                    f"epp: {req.epp!r} is refused under the performance governor of cpu {c} (EBUSY)"
+                )
     return targets
 
 
@@ -145,7 +159,8 @@ def cstates(machine: Machine, req: m.SetCstates) -> tuple[list[int], frozenset[s
     return targets, names
 
 
-def uncore(machine: Machine, req: m.SetUncore) -> None:
+def uncore(machine: Machine, req: m.SetUncore, now: Callable[[int, int], tuple[int, int]]) -> None:
+    """The request and the limits it leaves (``now(package, die)`` reads sysfs)."""
     key = (_int("package", req.package), _int("die", req.die))
     dom = machine.uncore.get(key)
     if dom is None:
@@ -158,6 +173,13 @@ def uncore(machine: Machine, req: m.SetUncore) -> None:
             raise _bad(f"{name}: {v} kHz outside {lo}..{hi} kHz")
     if req.min_khz is not None and req.max_khz is not None and req.min_khz > req.max_khz:
         raise _bad(f"min_khz {req.min_khz} is greater than max_khz {req.max_khz}")
+    if (req.min_khz is None) == (req.max_khz is None):
+        return
+    cur_min, cur_max = now(*key)
+    if req.min_khz is not None and 0 <= cur_max < req.min_khz:
+        raise _bad(f"min_khz {req.min_khz} is greater than max_khz {cur_max} (max_freq_khz now)")
+    if req.max_khz is not None and req.max_khz < cur_min:
+        raise _bad(f"max_khz {req.max_khz} is smaller than min_khz {cur_min} (min_freq_khz now)")
 
 
 def hello(req: m.Hello) -> None:

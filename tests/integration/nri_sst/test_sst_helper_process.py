@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nri_framework.simulate.sysfs import write_topology
+from helper_process import Helper
 from nri_sst import messages as m
 from nri_sst.client import (
     HelperClient,
@@ -21,67 +19,6 @@ from nri_sst.client import (
     HelperUnavailable,
     SyncHelperClient,
 )
-
-
-@pytest.fixture(scope="module")
-def host_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_topology(tmp_path_factory.mktemp("xeon") / "host", "xeon-6776p")
-
-
-class Helper:
-    def __init__(self, proc: subprocess.Popen[bytes], endpoint: str, sock: Path, state: Path):
-        self.proc = proc
-        self.endpoint = endpoint
-        self.sock = sock
-        self.state = state
-
-    def sim_state(self) -> dict[str, object]:
-        doc: dict[str, object] = json.loads(self.state.read_text())
-        return doc
-
-
-def start_helper(host_root: Path, tmp: Path) -> Helper:
-    sock = tmp / "run" / "helper.sock"
-    sock.parent.mkdir(mode=0o700)
-    state = tmp / "sim.json"
-    endpoint = f"ipc://{sock}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "nri_sst.cli",
-            "serve",
-            "--socket",
-            endpoint,
-            "--backend",
-            "sim",
-            "--host-root",
-            str(host_root),
-            "--sim-state",
-            str(state),
-        ],
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 20
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(
-                f"helper did not start: {proc.stderr.read() if proc.stderr else ''!r}"
-            )
-        time.sleep(0.02)
-    return Helper(proc, endpoint, sock, state)
-
-
-@pytest.fixture
-def helper(host_root: Path, tmp_path: Path) -> Iterator[Helper]:
-    h = start_helper(host_root, tmp_path)
-    yield h
-    if h.proc.poll() is None:
-        h.proc.kill()
-    h.proc.wait(10)
-    if h.proc.stderr:
-        h.proc.stderr.close()
 
 
 def span(a: int, b: int) -> list[int]:

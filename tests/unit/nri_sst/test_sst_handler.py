@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nri_sst import messages as m
 from nri_sst.backends.sim import SimBackend
-from nri_sst.handler import RequestHandler
+from nri_sst.handler import MAX_PEERS, RequestHandler
 
 from .conftest import SMALL_SIM
 from .test_sst_messages import REQUESTS
@@ -202,3 +202,21 @@ def test_fuzz_structured_messages(
     assert isinstance(reply, m.ErrorReply) or type(reply) in m.REPLY_FOR.values()
     if isinstance(reply, m.ErrorReply):
         assert reply.code != "internal", reply.message
+
+
+def test_other_clients_never_end_an_active_session(small_root: Path) -> None:
+    """1100 other peers say Hello (MAX_PEERS is 1024): the plugin, which keeps
+    asking meanwhile, keeps its session; only the least recently active of
+    the others lose theirs."""
+    h = RequestHandler(SimBackend(SMALL_SIM), small_root)
+    h.dispatch(m.Hello(protocol=1), b"plugin")
+    for i in range(1100):
+        h.dispatch(m.Hello(protocol=1), f"info-{i}".encode())
+        if i % 500 == 0:
+            h.dispatch(m.TFStatus(), b"plugin")
+    assert len(h.peers) == MAX_PEERS
+    assert isinstance(h.dispatch(m.TFStatus(), b"plugin"), m.TFStatusReply)
+    assert b"info-1099" in h.peers and b"info-0" not in h.peers
+    h.forget(b"plugin")  # its connection closed
+    err = m.decode_reply(h.handle(m.encode(m.TFStatus()), b"plugin"))
+    assert isinstance(err, m.ErrorReply) and err.code == "handshake-required"

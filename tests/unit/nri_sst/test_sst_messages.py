@@ -123,3 +123,11 @@ def test_size_checked_before_decoding() -> None:
     ok = m.encode(m.AssociateCpus(clos=0, cpus=list(range(8192))))
     assert len(ok) <= m.MAX_MESSAGE_SIZE
     assert isinstance(m.decode_request(ok), m.AssociateCpus)
+
+
+def test_deep_nesting_is_malformed_not_internal() -> None:
+    data = b"\x81\xa1x" * 20_000 + b"\xc0"  # {"x": {"x": ... }} 20000 deep
+    assert len(data) <= m.MAX_MESSAGE_SIZE
+    with pytest.raises(m.HelperError) as exc:
+        m.decode_request(data)
+    assert exc.value.code == "malformed"

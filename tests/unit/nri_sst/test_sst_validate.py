@@ -173,3 +173,62 @@ def test_handshake_required(small_root: Path) -> None:
     hello = m.decode_reply(h.handle(m.encode(m.Hello(protocol=1)), b"peer"))
     assert isinstance(hello, m.HelloReply) and hello.sst_supported
     assert isinstance(m.decode_reply(h.handle(m.encode(m.TFStatus()), b"peer")), m.TFStatusReply)
+
+
+FILES = ("scaling_min_freq", "scaling_max_freq", "energy_performance_preference")
+
+
+def _cpufreq(handler: RequestHandler, cpu: int, name: str) -> str:
+    return (handler.host_root / f"sys/devices/system/cpu/cpu{cpu}/cpufreq/{name}").read_text()
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "text"),
+    [
+        (
+            m.SetCpufreq(cpus=[0, 1], max_khz=2_000_000),
+            m.SetCpufreq(cpus=[1, 2], min_khz=3_000_000),
+            "min_khz 3000000 is greater than max_khz 2000000 (scaling_max_freq of cpu 1)",
+        ),
+        (
+            m.SetCpufreq(cpus=[1], min_khz=3_000_000),
+            m.SetCpufreq(cpus=[1], max_khz=2_000_000),
+            "max_khz 2000000 is smaller than min_khz 3000000 (scaling_min_freq of cpu 1)",
+        ),
+        (
+            m.SetCpufreq(cpus=[1], governor="performance"),
+            m.SetCpufreq(cpus=[0, 1], epp="power"),
+            "refused under the performance governor of cpu 1",
+        ),
+    ],
+    ids=["min-above-earlier-max", "max-below-earlier-min", "epp-under-earlier-governor"],
+)
+def test_cpufreq_checked_against_the_state_it_leaves(
+    handler: RequestHandler, first: m.SetCpufreq, then: m.SetCpufreq, text: str
+) -> None:
+    assert isinstance(handler.dispatch(first), m.SetCpufreqReply)
+    before = {(c, f): _cpufreq(handler, c, f) for c in (0, 1, 2) for f in FILES}
+    err = error(handler, then)
+    assert err.code == "invalid-argument" and text in err.message, err.message
+    assert before == {(c, f): _cpufreq(handler, c, f) for c in (0, 1, 2) for f in FILES}
+
+
+def test_cpufreq_changes_whose_resulting_state_is_valid_are_accepted(
+    handler: RequestHandler,
+) -> None:
+    handler.dispatch(m.SetCpufreq(cpus=[1], governor="performance", max_khz=2_000_000))
+    handler.dispatch(m.SetCpufreq(cpus=[1], min_khz=2_000_000))  # = the max now
+    handler.dispatch(m.SetCpufreq(cpus=[1], governor="powersave", epp="power"))
+    handler.dispatch(m.SetCpufreq(cpus=[1], min_khz=3_000_000, max_khz=4_000_000))
+    assert _cpufreq(handler, 1, "scaling_min_freq").strip() == "3000000"
+    assert _cpufreq(handler, 1, "energy_performance_preference").strip() == "power"
+
+
+def test_uncore_checked_against_the_state_it_leaves(handler: RequestHandler) -> None:
+    handler.dispatch(m.SetUncore(package=0, die=0, max_khz=1_500_000))
+    err = error(handler, m.SetUncore(package=0, die=0, min_khz=1_800_000))
+    assert err.code == "invalid-argument"
+    assert "min_khz 1800000 is greater than max_khz 1500000 (max_freq_khz now)" in err.message
+    handler.dispatch(m.SetUncore(package=0, die=0, min_khz=1_200_000))
+    err = error(handler, m.SetUncore(package=0, die=0, max_khz=1_000_000))
+    assert "max_khz 1000000 is smaller than min_khz 1200000" in err.message

@@ -1,0 +1,72 @@
+"""The server loop in this process, turn by turn (:meth:`Server.run_once`), over
+its real socket: the order it serves peers in, counted in turns, not time."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from nri_sst import messages as m
+from nri_sst import zmtp
+from nri_sst.backends.sim import SimBackend
+from nri_sst.handler import RequestHandler
+from nri_sst.server import Server
+
+from .conftest import SMALL_SIM
+from .test_zmtp import CLIENT_GREETING, CLIENT_READY
+
+
+def request(req: m.Request) -> bytes:
+    return zmtp.encode_frames([b"", b"rid-0001", m.encode(req)])
+
+
+class Client:
+    """A DEALER on a plain socket that sends everything at once and counts replies."""
+
+    def __init__(self, path: Path, data: bytes) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(path))
+        self.sock.sendall(CLIENT_GREETING + CLIENT_READY + data)
+        self.sock.setblocking(False)
+        self.data = b""
+
+    def replies(self) -> int:
+        try:
+            while chunk := self.sock.recv(65536):
+                self.data += chunk
+        except BlockingIOError:
+            pass
+        buf, n = self.data[64:], 0  # after the greeting
+        while len(buf) >= 2:
+            flags = buf[0]
+            head, size = (9, int.from_bytes(buf[1:9], "big")) if flags & 2 else (2, buf[1])
+            if len(buf) < head + size:
+                break
+            n += not flags & (zmtp.MORE | zmtp.COMMAND)
+            buf = buf[head + size :]
+        return n
+
+
+def test_a_flooding_peer_delays_a_client_by_about_one_request(
+    small_root: Path, tmp_path: Path
+) -> None:
+    """Six peers with 40 requests queued each: a client that connects then has
+    its handshake, Hello and request handled in about as many turns (one
+    event per turn, of the peer that asked least lately), not behind a turn
+    of each of the others per event (some 20 turns)."""
+    server = Server(f"ipc://{tmp_path}/h.sock", RequestHandler(SimBackend(SMALL_SIM), small_root))
+    try:
+        flood = request(m.Hello(protocol=1)) + request(m.TFStatus()) * 40
+        flooders = [Client(server.listener.path, flood) for _ in range(6)]
+        for _ in range(30):
+            server.run_once()
+        assert all(0 < f.replies() < 41 for f in flooders)
+        client = Client(server.listener.path, request(m.Hello(protocol=1)) + request(m.TFStatus()))
+        turns = 0
+        while client.replies() < 2:
+            server.run_once()
+            turns += 1
+            assert turns <= 6
+        assert sum(f.replies() for f in flooders) < 6 * 41
+    finally:
+        server.shutdown()
