@@ -49,9 +49,11 @@ from nri_sst import messages as m
 
 DEFAULT_TIMEOUT = 0.1
 """Seconds per call unless the caller says otherwise (the plugin's reply budget)."""
-CONNECT_GRACE = 0.02
-"""Seconds a new socket may take to connect before a send fails (an ipc
-connection to a running helper takes well under a millisecond)."""
+CONNECT_GRACE = 0.05
+"""Seconds a new socket may take to connect before a send fails: an ipc
+connection to a running helper takes well under a millisecond, but the
+helper answers the ZMTP greeting from its own loop, which a loaded 2-core
+node may not schedule at once; half the reply budget."""
 MAX_REPLY_SIZE = 4 * 1024 * 1024
 """Largest reply accepted (ZeroMQ drops a connection sending more; checked
 again before decoding)."""

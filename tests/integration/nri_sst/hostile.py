@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nri_sst import messages as m
-from nri_sst.client import SyncHelperClient
+from nri_sst.client import HelperUnavailable, SyncHelperClient
 
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 GREETING = (
@@ -279,7 +279,15 @@ def latencies(endpoint: str, until: Callable[[], bool], interval: float = 0.005)
     budget) until ``until()``; a miss raises ``HelperUnavailable``."""
     out: list[float] = []
     with SyncHelperClient(endpoint, timeout=0.1) as c:
-        c.call(m.Hello(protocol=1), m.HelloReply, timeout=2.0)
+        connected = time.monotonic() + 2.0
+        while True:  # the client fails fast while its socket is not connected
+            try:
+                c.call(m.Hello(protocol=1), m.HelloReply, timeout=2.0)
+                break
+            except HelperUnavailable:
+                if time.monotonic() >= connected:
+                    raise
+                time.sleep(0.01)
         while not until():
             t0 = time.perf_counter()
             c.call(m.GetClosConfig(clos=0), m.GetClosConfigReply)

@@ -34,7 +34,7 @@ from hostile import (
     request,
 )
 from nri_sst import messages as m
-from nri_sst.client import SyncHelperClient
+from nri_sst.client import HelperUnavailable, SyncHelperClient
 
 RSS_LIMIT_MB = 40
 
@@ -59,9 +59,17 @@ def assert_torn_down(h: Helper) -> None:
 
 
 def answers(endpoint: str) -> bool:
-    """A new well-behaved client gets a typed answer."""
+    """A new well-behaved client gets a typed answer within 2 s (the client
+    fails fast while not connected: it is asked again until then)."""
+    deadline = time.monotonic() + 2.0
     with SyncHelperClient(endpoint, timeout=2.0) as c:
-        return isinstance(c.request(m.TFStatus()), m.TFStatusReply)
+        while True:
+            try:
+                return isinstance(c.request(m.TFStatus()), m.TFStatusReply)
+            except HelperUnavailable:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)
 
 
 def reply_of(peer: RawPeer) -> m.Reply:

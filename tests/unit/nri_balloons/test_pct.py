@@ -118,9 +118,9 @@ class InProcessHelper:
         self.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"inspector")
 
     def evict(self) -> None:
-        """What the helper does when its peer table is full: forget every peer."""
-        self.handler.peers.clear()
-        self.handler.dispatch(m.Hello(protocol=PROTOCOL_VERSION), b"inspector")
+        """Our session ends on the helper (its connection dropped, or evicted
+        from the peer table): the next request is asked for Hello again."""
+        self.handler.forget(self.peer)
 
     @property
     def instance(self) -> str:
