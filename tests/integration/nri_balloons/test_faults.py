@@ -1,0 +1,280 @@
+"""The fault suite (issue #10): kill -9 of the balloons plugin and of the SST
+helper under create/remove churn, and the promises that must survive it.
+
+The node: the 6776P sysfs fixture, the SST helper as a real process on its
+sim backend, the spec's PCT BalloonsPolicy (examples/pct-managed/), the real
+plugin process registered with the runtime simulator over a real NRI socket.
+
+1. :data:`PLUGIN_KILLS` times, at a random point of the churn (a random delay,
+   or the moment a CreateContainer reply arrives: the decision has left, so
+   it must be persisted), SIGKILL the plugin and start it again on the same
+   state dir; the helper keeps running.
+2. :data:`HELPER_KILLS` times, SIGKILL the helper, create pods while it is
+   down, start it again (every other time with SST as the BIOS left it); the
+   plugin keeps running and must program SST again.
+
+After every restart, once the plugin reports it recovered (healthy, PCT not
+degraded; bounded), the suite measures the figures below and prints them as
+a table; each is asserted to its goal, the failure naming every violation.
+``NRI_FAULT_SEED`` repeats a run (the seed is printed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from faults import (
+    Churn,
+    FaultNode,
+    Figure,
+    KillPointRuntime,
+    helper_punits,
+    hp_off_clos,
+    pretty,
+    shared_cpus,
+    sst_not_programmed,
+    table,
+)
+from sst_node import node
+
+EXAMPLES = Path(__file__).parents[3] / "examples" / "pct-managed"
+SPEC = (EXAMPLES / "balloons-pct-managed.yaml").read_text()
+PLUGIN_KILLS = 50
+HELPER_KILLS = 20
+SLOW_CREATE = 0.1
+"""Seconds: a create answered later than this while the helper is down counts."""
+HELPER_DOWN = (0.3, 1.5)
+"""Seconds the helper stays down (random), the churn going on."""
+MAX_DELAY = 0.3
+"""Seconds into the churn a random-delay kill may come."""
+SHOWN = 12
+"""Violations shown per figure in the failure message."""
+
+
+class Suite:
+    def __init__(self, f: FaultNode, rng: random.Random) -> None:
+        self.f = f
+        self.rng = rng
+        self.churn = Churn(f.n, rng)
+        self.moved = Figure("containers moved across plugin restarts")
+        self.lost = Figure("decisions lost (placed anew after a restart)")
+        self.shared = Figure("CPUs in two exclusive balloons")
+        self.clos = Figure("CPUs whose CLOS differs, plugin vs helper")
+        self.hp = Figure("HP CPUs not on the HP CLOS in the helper")
+        self.sst = Figure("punits not programmed after a helper restart")
+        self.slow = Figure(f"creates answered after > {SLOW_CREATE * 1000:.0f} ms, helper down")
+        self.unnoticed = Figure("helper outages not reported (pct_degraded)")
+        self.drops = Figure("runtime drops of the plugin")
+        self.refused = Figure("creates refused")
+        self.mark = 0
+        """failures of the runtime seen so far"""
+        self.state: dict[str, Any] = {}
+        """the plugin's /debug/state at the last check"""
+
+    @property
+    def figures(self) -> list[Figure]:
+        return [
+            self.moved,
+            self.lost,
+            self.shared,
+            self.clos,
+            self.hp,
+            self.sst,
+            self.slow,
+            self.unnoticed,
+            self.drops,
+            self.refused,
+        ]
+
+    # -- checks after each restart ---------------------------------------------------
+
+    def new_failures(self, ours: int, where: str) -> None:
+        """Runtime failures since the last look; ``ours`` "closed" ones are our kills."""
+        rt = self.f.rt
+        for text in rt.failures[self.mark :]:
+            if ours and text == self.f.closed_text:
+                ours -= 1
+                continue
+            self.drops.add(f"{where}: runtime: {text}")
+        self.mark = len(rt.failures)
+
+    async def ensure_plugin(self, where: str) -> None:
+        why = await self.f.ensure_plugin()
+        if why:
+            self.new_failures(1, where)
+            self.drops.add(f"{where}: {why}; launched it again")
+
+    async def check(self, where: str) -> None:
+        """The plugin reports it recovered: compare its view with the runtime's
+        and the helper's."""
+        f = self.f
+        await f.recovered()
+        state, helper, diff = await f.clos_views()
+        self.state = state
+        for text in diff:
+            self.clos.add(f"{where}: {text}")
+        for text in hp_off_clos(state, helper):
+            self.hp.add(f"{where}: {text}")
+        for text in shared_cpus(state, f.rt):
+            self.shared.add(f"{where}: {text}")
+
+    async def churn_until_killed(self, i: int, kind: str) -> tuple[str, tuple[str, str] | None]:
+        """Churn, SIGKILL the plugin at a random point; (the point, the op in flight)."""
+        f, rng = self.f, self.rng
+        inflight: list[tuple[str, str] | None] = []
+        killed = asyncio.Event()
+
+        def kill() -> None:
+            if f.plugin.proc.returncode is not None or not f.rt.plugins:
+                self.drops.add(f"before plugin kill {i}: the plugin was gone already")
+            inflight.append(self.churn.current)
+            f.plugin.kill()
+            killed.set()
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.churn.run(stop))
+        try:
+            if kind == "create-reply":
+                replies = rng.randint(1, 3)
+                point = f"at CreateContainer reply {replies}"
+                f.rt.arm(replies, kill)
+                await asyncio.wait_for(killed.wait(), 60)
+            else:
+                delay = rng.uniform(0, MAX_DELAY)
+                point = f"{delay * 1000:.0f} ms into the churn"
+                await asyncio.sleep(delay)
+                kill()
+        finally:
+            f.rt.disarm()
+            stop.set()
+            await task
+        return point, inflight[0]
+
+    async def plugin_kill(self, i: int) -> None:
+        f = self.f
+        kind = self.rng.choice(("create-reply", "delay"))
+        point, inflight = await self.churn_until_killed(i, kind)
+        where = f"plugin kill {i} ({point})"
+        await f.kill_plugin()
+        balloon = f.balloons(self.state, list(f.plugin.tail))
+        before = f.placed()
+        await f.launch_plugin()
+        await self.check(where)
+        self.new_failures(1, where)
+        after = f.placed()
+        # a change in flight at the kill may resize its balloon when the new
+        # plugin learns of it: those balloons' containers are not compared
+        now = f.balloons(self.state, [])
+        affected = set()
+        if inflight is not None:
+            op, name = inflight
+            if op == "remove" and name in balloon:
+                affected.add(balloon[name])
+            if op == "create" and name not in before and name in now:
+                affected.add(now[name])
+        for name, (_, cpus) in sorted(before.items()):
+            if balloon.get(name) in affected or now.get(name) in affected:
+                continue
+            new = after.get(name, ("", "(gone)"))[1]
+            if new != cpus:
+                self.moved.add(
+                    f"{where}: container {pretty(name)} of {balloon.get(name, '?')} moved "
+                    f"from cpus {cpus} to {new}"
+                )
+        for name in f.assigned_again(sorted(before)):
+            self.lost.add(
+                f"{where}: container {pretty(name)} (cpus {before[name][1]}, "
+                f"{balloon.get(name, '?')}) was placed anew by the restarted plugin"
+            )
+
+    async def helper_kill(self, i: int) -> None:
+        f, churn = self.f, self.churn
+        reset = i % 2 == 1
+        where = f"helper kill {i}" + (" (SST reset)" if reset else "")
+        f.n.helper.kill()
+        if reset:
+            f.n.helper.state.unlink(missing_ok=True)  # SST as the BIOS left it
+        loop = asyncio.get_running_loop()
+        down = self.rng.uniform(*HELPER_DOWN)
+        deadline = loop.time() + down
+        churn.helper_down = True
+        # the first create needs a CLOS association (HP), then the churn goes on
+        created: tuple[str, float | None] | None = await churn.create("hp-bln")
+        while True:
+            if created is not None:
+                name, took = created
+                if took is None:
+                    self.slow.add(f"{where}: {pretty(name)} got no answer")
+                elif took > SLOW_CREATE:
+                    self.slow.add(f"{where}: {pretty(name)} answered after {took * 1000:.0f} ms")
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(self.rng.uniform(0.02, 0.1))
+            created = await churn.step(creates=0.7)
+        churn.helper_down = False
+        await self.ensure_plugin(where)
+        try:
+            await f.until_degraded()
+        except AssertionError as exc:
+            self.unnoticed.add(f"{where}: {exc}")
+        await asyncio.to_thread(f.n.helper.start)
+        await self.ensure_plugin(where)
+        await self.check(where)
+        for text in sst_not_programmed(await helper_punits(f.n.helper.endpoint)):
+            self.sst.add(f"{where}: {text}")
+        await churn.create()  # and with the helper up again
+        self.new_failures(0, where)
+        await self.ensure_plugin(where)
+
+    def report(self, seed: int, elapsed: float) -> str:
+        c = self.churn
+        down, up = c.answered[True], c.answered[False]
+        self.slow.note = (
+            f"{len(down)} answered while down, slowest {max(down, default=0) * 1000:.0f} ms; "
+            f"helper up: {sum(t > SLOW_CREATE for t in up)} of {len(up)} over "
+            f"{SLOW_CREATE * 1000:.0f} ms, slowest {max(up, default=0) * 1000:.0f} ms"
+        )
+        return (
+            f"fault suite, seed {seed}: {PLUGIN_KILLS} plugin kills, {HELPER_KILLS} helper kills, "
+            f"{c.creates} creates, {c.removes} removes, {elapsed:.0f} s\n" + table(self.figures)
+        )
+
+
+async def test_kill_9_of_plugin_and_helper_under_churn() -> None:
+    seed = int(os.environ.get("NRI_FAULT_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"fault suite seed {seed} (NRI_FAULT_SEED={seed} repeats this run)")
+    rng = random.Random(seed)
+    started = time.monotonic()
+    async with node(
+        SPEC,
+        topology="xeon-6776p",
+        runtime=KillPointRuntime,
+        plugin_args=("--metrics-address", "127.0.0.1:0"),
+    ) as n:
+        f = FaultNode(n)
+        await f.started()
+        suite = Suite(f, rng)
+        for _ in range(6):
+            await suite.churn.create()
+        await suite.check("start")
+        suite.new_failures(0, "start")
+        for i in range(1, PLUGIN_KILLS + 1):
+            await suite.plugin_kill(i)
+        for i in range(1, HELPER_KILLS + 1):
+            await suite.helper_kill(i)
+        suite.refused.found = list(suite.churn.refused)
+    report = suite.report(seed, time.monotonic() - started)
+    print(report)
+    failed = [fig for fig in suite.figures if not fig.ok]
+    details = "\n".join(
+        f"{fig.name} (goal {fig.goal}, measured {len(fig.found)}):\n  "
+        + "\n  ".join(fig.found[:SHOWN])
+        + (f"\n  ... and {len(fig.found) - SHOWN} more" if len(fig.found) > SHOWN else "")
+        for fig in failed
+    )
+    assert not failed, f"{report}\n\n{details}"
