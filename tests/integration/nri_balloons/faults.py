@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 from nri_framework import cpuset
 from nri_framework.simulate.peer import PluginPeer
 from nri_framework.simulate.runtime import NriError, SimulatedRuntime
-from nri_framework.simulate.scenario import PluginProcess, wait_registered
+from nri_framework.simulate.scenario import PluginProcess, ScenarioError, wait_registered
 from nri_framework.simulate.sysfs import online
 from nri_sst import messages as m
 from nri_sst.client import HelperClient
@@ -45,14 +45,18 @@ SHAPES = (
 )
 """Pods of the churn: a balloon type of the spec's policy and CPU requests
 (odd ones split cores between balloons: CLOS is per core)."""
+SST_RESET = "sst: PrepareManagedMode done (CPReset"
+"""The helper's log line when it resets SST (every core to CLOS 0) to enter
+managed mode; with ``keep_programmed`` on a programmed SST it logs another."""
 START_TIMEOUT = 30.0
+LAUNCH_ATTEMPTS = 3
 RECOVERY_TIMEOUT = 30.0
 """Seconds a plugin has to report it recovered (registered, synchronized,
 PCT not degraded): the liveness bound of every restart."""
 NOTICE_TIMEOUT = 3.0
 """Seconds a plugin has to report a dead helper (``pct_degraded``) after a
 decision that needed it."""
-SETTLE = 1.0
+SETTLE = 0.5
 """Seconds the CLOS views of plugin and helper may take to agree once the
 plugin reports it recovered (work it queued behind its last reply)."""
 
@@ -103,11 +107,13 @@ class Figure:
 
 
 def table(figures: list[Figure]) -> str:
-    rows = [("figure", "goal", "measured", "")] + [
-        (f.name, f.goal, str(len(f.found)), f.note or ("ok" if f.ok else "FAIL")) for f in figures
+    rows = [("figure", "goal", "measured", "", "")] + [
+        (f.name, f.goal, str(len(f.found)), "ok" if f.ok else "FAIL", f.note) for f in figures
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
 
 
 def ids(text: str) -> set[int]:
@@ -243,10 +249,32 @@ class FaultNode:
         await self.plugin.stop()
         await self.until(lambda: not self.rt.plugins, "the runtime to notice the dead plugin", 10)
 
-    async def launch_plugin(self) -> None:
-        self.n.plugin = await PluginProcess.launch(self.n.cmd)
-        await wait_registered(self.rt, self.plugin, START_TIMEOUT)
-        await self.started()
+    async def launch_plugin(self) -> list[str]:
+        """Start the plugin (on the same state dir) until it registered, at
+        most :data:`LAUNCH_ATTEMPTS` times; why the attempts before failed,
+        where the runtime did not record it already."""
+        why: list[str] = []
+        for _ in range(LAUNCH_ATTEMPTS):
+            mark = len(self.rt.failures)
+            self.n.plugin = await PluginProcess.launch(self.n.cmd)
+            try:
+                await wait_registered(self.rt, self.plugin, START_TIMEOUT)
+            except ScenarioError as exc:
+                await self.kill_plugin()
+                if len(self.rt.failures) == mark:
+                    why.append(str(exc).splitlines()[0])
+                continue
+            await self.started()
+            return why
+        raise AssertionError(
+            f"the plugin did not start in {LAUNCH_ATTEMPTS} attempts: {why}; runtime: "
+            f"{self.rt.failures[-LAUNCH_ATTEMPTS:]}\n" + "\n".join(list(self.plugin.tail)[-40:])
+        )
+
+    @property
+    def plugin_gone(self) -> bool:
+        """The plugin exited or the runtime is not connected to it."""
+        return self.plugin.proc.returncode is not None or not self.rt.plugins
 
     async def recovered(self) -> dict[str, Any]:
         """Wait (bounded) until the plugin reports it recovered: healthy
@@ -291,6 +319,16 @@ class FaultNode:
                 return state, helper, diff
             await asyncio.sleep(0.05)
 
+    def helper_log(self) -> int:
+        """The helper's log so far (bytes): a mark for :meth:`sst_resets`."""
+        return self.n.helper.log.stat().st_size if self.n.helper.log.exists() else 0
+
+    def sst_resets(self, since: int) -> int:
+        """How often the helper reset SST since the mark ``since``."""
+        with self.n.helper.log.open("rb") as log:
+            log.seek(since)
+            return log.read().decode(errors="replace").count(SST_RESET)
+
     def all_cpus(self) -> list[int]:
         return sorted(ids(self.unpinned))
 
@@ -318,20 +356,15 @@ class FaultNode:
                 out[mt.group(1)] = mt.group(2)
         return out
 
-    async def ensure_plugin(self) -> str:
-        """When the runtime lost our plugin (not by our kill): why, after
-        launching it again; "" when it is still connected."""
-        proc = self.plugin.proc
-        if proc.returncode is None and self.rt.plugins:
-            return ""
-        why = (
-            f"plugin exited with code {proc.returncode}"
-            if proc.returncode is not None
-            else "plugin running but not connected"
-        )
+    async def ensure_plugin(self) -> list[str]:
+        """When the runtime lost our plugin (not by our kill): what happened,
+        after launching it again; [] when it is still connected."""
+        if not self.plugin_gone:
+            return []
+        code = self.plugin.proc.returncode
+        why = f"plugin exited with code {code}" if code is not None else "plugin not connected"
         await self.kill_plugin()
-        await self.launch_plugin()
-        return why
+        return [why, *await self.launch_plugin()]
 
     def assigned_again(self, names: list[str]) -> list[str]:
         """Of ``names``, the containers the running plugin placed anew."""

@@ -22,6 +22,7 @@ a table; each is asserted to its goal, the failure naming every violation.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import time
@@ -48,7 +49,9 @@ PLUGIN_KILLS = 50
 HELPER_KILLS = 20
 SLOW_CREATE = 0.1
 """Seconds: a create answered later than this while the helper is down counts."""
-HELPER_DOWN = (0.3, 1.5)
+STUCK_CREATE = 1.0
+"""Seconds: the liveness bound of the same (a blocked event loop)."""
+HELPER_DOWN = (0.2, 1.2)
 """Seconds the helper stays down (random), the churn going on."""
 MAX_DELAY = 0.3
 """Seconds into the churn a random-delay kill may come."""
@@ -67,7 +70,9 @@ class Suite:
         self.clos = Figure("CPUs whose CLOS differs, plugin vs helper")
         self.hp = Figure("HP CPUs not on the HP CLOS in the helper")
         self.sst = Figure("punits not programmed after a helper restart")
+        self.resets = Figure("SST resets while programmed (all cores to CLOS 0)")
         self.slow = Figure(f"creates answered after > {SLOW_CREATE * 1000:.0f} ms, helper down")
+        self.stuck = Figure(f"creates answered after > {STUCK_CREATE:.0f} s, helper down")
         self.unnoticed = Figure("helper outages not reported (pct_degraded)")
         self.drops = Figure("runtime drops of the plugin")
         self.refused = Figure("creates refused")
@@ -85,7 +90,9 @@ class Suite:
             self.clos,
             self.hp,
             self.sst,
+            self.resets,
             self.slow,
+            self.stuck,
             self.unnoticed,
             self.drops,
             self.refused,
@@ -104,10 +111,11 @@ class Suite:
         self.mark = len(rt.failures)
 
     async def ensure_plugin(self, where: str) -> None:
+        """Launch the plugin again if the runtime lost it; a drop."""
         why = await self.f.ensure_plugin()
         if why:
             self.new_failures(1, where)
-            self.drops.add(f"{where}: {why}; launched it again")
+            self.drops.add(f"{where}: {'; '.join(why)}; launched it again")
 
     async def check(self, where: str) -> None:
         """The plugin reports it recovered: compare its view with the runtime's
@@ -122,6 +130,13 @@ class Suite:
             self.hp.add(f"{where}: {text}")
         for text in shared_cpus(state, f.rt):
             self.shared.add(f"{where}: {text}")
+
+    def count_resets(self, where: str, log: int, allowed: int) -> None:
+        """SST resets in the helper's log since ``log``; ``allowed`` of them
+        programmed an SST that was not in managed state (as the BIOS left it)."""
+        resets = self.f.sst_resets(log) - allowed
+        if resets > 0:
+            self.resets.add(f"{where}: the helper reset a programmed SST {resets} time(s)")
 
     async def churn_until_killed(self, i: int, kind: str) -> tuple[str, tuple[str, str] | None]:
         """Churn, SIGKILL the plugin at a random point; (the point, the op in flight)."""
@@ -163,9 +178,12 @@ class Suite:
         await f.kill_plugin()
         balloon = f.balloons(self.state, list(f.plugin.tail))
         before = f.placed()
-        await f.launch_plugin()
+        log = f.helper_log()
+        for why in await f.launch_plugin():
+            self.drops.add(f"{where}: restart: {why}")
         await self.check(where)
         self.new_failures(1, where)
+        self.count_resets(where, log, allowed=0)
         after = f.placed()
         # a change in flight at the kill may resize its balloon when the new
         # plugin learns of it: those balloons' containers are not compared
@@ -197,6 +215,7 @@ class Suite:
         reset = i % 2 == 1
         where = f"helper kill {i}" + (" (SST reset)" if reset else "")
         f.n.helper.kill()
+        log = f.helper_log()
         if reset:
             f.n.helper.state.unlink(missing_ok=True)  # SST as the BIOS left it
         loop = asyncio.get_running_loop()
@@ -208,30 +227,34 @@ class Suite:
         while True:
             if created is not None:
                 name, took = created
-                if took is None:
-                    self.slow.add(f"{where}: {pretty(name)} got no answer")
-                elif took > SLOW_CREATE:
-                    self.slow.add(f"{where}: {pretty(name)} answered after {took * 1000:.0f} ms")
-            if loop.time() >= deadline:
+                late = f"{where}: {pretty(name)} " + (
+                    "got no answer" if took is None else f"answered after {took * 1000:.0f} ms"
+                )
+                if took is None or took > SLOW_CREATE:
+                    self.slow.add(late)
+                if took is None or took > STUCK_CREATE:
+                    self.stuck.add(late)
+            if loop.time() >= deadline or f.plugin_gone:
                 break
             await asyncio.sleep(self.rng.uniform(0.02, 0.1))
             created = await churn.step(creates=0.7)
         churn.helper_down = False
-        await self.ensure_plugin(where)
-        try:
-            await f.until_degraded()
-        except AssertionError as exc:
-            self.unnoticed.add(f"{where}: {exc}")
+        if not f.plugin_gone:
+            try:
+                await f.until_degraded()
+            except AssertionError as exc:
+                self.unnoticed.add(f"{where}: {exc}")
         await asyncio.to_thread(f.n.helper.start)
         await self.ensure_plugin(where)
         await self.check(where)
         for text in sst_not_programmed(await helper_punits(f.n.helper.endpoint)):
             self.sst.add(f"{where}: {text}")
+        self.count_resets(where, log, allowed=1 if reset else 0)
         await churn.create()  # and with the helper up again
         self.new_failures(0, where)
         await self.ensure_plugin(where)
 
-    def report(self, seed: int, elapsed: float) -> str:
+    def report(self, seed: int, phases: list[float]) -> str:
         c = self.churn
         down, up = c.answered[True], c.answered[False]
         self.slow.note = (
@@ -241,7 +264,8 @@ class Suite:
         )
         return (
             f"fault suite, seed {seed}: {PLUGIN_KILLS} plugin kills, {HELPER_KILLS} helper kills, "
-            f"{c.creates} creates, {c.removes} removes, {elapsed:.0f} s\n" + table(self.figures)
+            f"{c.creates} creates, {c.removes} removes; start {phases[0]:.0f} s, plugin kills "
+            f"{phases[1]:.0f} s, helper kills {phases[2]:.0f} s\n" + table(self.figures)
         )
 
 
@@ -249,7 +273,7 @@ async def test_kill_9_of_plugin_and_helper_under_churn() -> None:
     seed = int(os.environ.get("NRI_FAULT_SEED") or random.SystemRandom().randrange(2**32))
     print(f"fault suite seed {seed} (NRI_FAULT_SEED={seed} repeats this run)")
     rng = random.Random(seed)
-    started = time.monotonic()
+    phases = [time.monotonic()]
     async with node(
         SPEC,
         topology="xeon-6776p",
@@ -263,12 +287,15 @@ async def test_kill_9_of_plugin_and_helper_under_churn() -> None:
             await suite.churn.create()
         await suite.check("start")
         suite.new_failures(0, "start")
+        phases.append(time.monotonic())
         for i in range(1, PLUGIN_KILLS + 1):
             await suite.plugin_kill(i)
+        phases.append(time.monotonic())
         for i in range(1, HELPER_KILLS + 1):
             await suite.helper_kill(i)
+        phases.append(time.monotonic())
         suite.refused.found = list(suite.churn.refused)
-    report = suite.report(seed, time.monotonic() - started)
+    report = suite.report(seed, [b - a for a, b in itertools.pairwise(phases)])
     print(report)
     failed = [fig for fig in suite.figures if not fig.ok]
     details = "\n".join(
