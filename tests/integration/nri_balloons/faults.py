@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import re
 import urllib.request
@@ -87,6 +88,26 @@ class KillPointRuntime(SimulatedRuntime):
             if left <= 1:
                 action()
         return reply
+
+
+class RuntimeErrors(logging.Handler):
+    """The runtime simulator's error lines (why it closed a plugin), kept
+    while in a ``with`` block."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+        self._logger = logging.getLogger("nri_framework.simulate")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> RuntimeErrors:
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from faults import (
     FaultNode,
     Figure,
     KillPointRuntime,
+    RuntimeErrors,
     helper_punits,
     hp_off_clos,
     pretty,
@@ -60,8 +61,10 @@ SHOWN = 12
 
 
 class Suite:
-    def __init__(self, f: FaultNode, rng: random.Random) -> None:
+    def __init__(self, f: FaultNode, rng: random.Random, errors: RuntimeErrors) -> None:
         self.f = f
+        self.errors = errors
+        self.errmark = 0
         self.rng = rng
         self.churn = Churn(f.n, rng)
         self.moved = Figure("containers moved across plugin restarts")
@@ -107,15 +110,21 @@ class Suite:
             if ours and text == self.f.closed_text:
                 ours -= 1
                 continue
-            self.drops.add(f"{where}: runtime: {text}")
+            self.drops.add(f"{where}: runtime: {text}{self.why()}")
         self.mark = len(rt.failures)
+        self.errmark = len(self.errors.lines)
+
+    def why(self) -> str:
+        """What the runtime logged since the last look (why it closed the plugin)."""
+        lines = self.errors.lines[self.errmark :]
+        return f" ({'; '.join(lines)})" if lines else ""
 
     async def ensure_plugin(self, where: str) -> None:
         """Launch the plugin again if the runtime lost it; a drop."""
         why = await self.f.ensure_plugin()
         if why:
+            self.drops.add(f"{where}: {'; '.join(why)}{self.why()}; launched it again")
             self.new_failures(1, where)
-            self.drops.add(f"{where}: {'; '.join(why)}; launched it again")
 
     async def check(self, where: str) -> None:
         """The plugin reports it recovered: compare its view with the runtime's
@@ -145,8 +154,8 @@ class Suite:
         killed = asyncio.Event()
 
         def kill() -> None:
-            if f.plugin.proc.returncode is not None or not f.rt.plugins:
-                self.drops.add(f"before plugin kill {i}: the plugin was gone already")
+            if f.plugin_gone:
+                self.drops.add(f"before plugin kill {i}: the plugin was gone already{self.why()}")
             inflight.append(self.churn.current)
             f.plugin.kill()
             killed.set()
@@ -158,7 +167,9 @@ class Suite:
                 replies = rng.randint(1, 3)
                 point = f"at CreateContainer reply {replies}"
                 f.rt.arm(replies, kill)
-                await asyncio.wait_for(killed.wait(), 60)
+                await f.until(lambda: killed.is_set() or f.plugin_gone, "a create reply", 60)
+                if not killed.is_set():
+                    kill()
             else:
                 delay = rng.uniform(0, MAX_DELAY)
                 point = f"{delay * 1000:.0f} ms into the churn"
@@ -274,27 +285,28 @@ async def test_kill_9_of_plugin_and_helper_under_churn() -> None:
     print(f"fault suite seed {seed} (NRI_FAULT_SEED={seed} repeats this run)")
     rng = random.Random(seed)
     phases = [time.monotonic()]
-    async with node(
-        SPEC,
-        topology="xeon-6776p",
-        runtime=KillPointRuntime,
-        plugin_args=("--metrics-address", "127.0.0.1:0"),
-    ) as n:
-        f = FaultNode(n)
-        await f.started()
-        suite = Suite(f, rng)
-        for _ in range(6):
-            await suite.churn.create()
-        await suite.check("start")
-        suite.new_failures(0, "start")
-        phases.append(time.monotonic())
-        for i in range(1, PLUGIN_KILLS + 1):
-            await suite.plugin_kill(i)
-        phases.append(time.monotonic())
-        for i in range(1, HELPER_KILLS + 1):
-            await suite.helper_kill(i)
-        phases.append(time.monotonic())
-        suite.refused.found = list(suite.churn.refused)
+    with RuntimeErrors() as errors:
+        async with node(
+            SPEC,
+            topology="xeon-6776p",
+            runtime=KillPointRuntime,
+            plugin_args=("--metrics-address", "127.0.0.1:0"),
+        ) as n:
+            f = FaultNode(n)
+            await f.started()
+            suite = Suite(f, rng, errors)
+            for _ in range(6):
+                await suite.churn.create()
+            await suite.check("start")
+            suite.new_failures(0, "start")
+            phases.append(time.monotonic())
+            for i in range(1, PLUGIN_KILLS + 1):
+                await suite.plugin_kill(i)
+            phases.append(time.monotonic())
+            for i in range(1, HELPER_KILLS + 1):
+                await suite.helper_kill(i)
+            phases.append(time.monotonic())
+            suite.refused.found = list(suite.churn.refused)
     report = suite.report(seed, [b - a for a, b in itertools.pairwise(phases)])
     print(report)
     failed = [fig for fig in suite.figures if not fig.ok]
