@@ -303,16 +303,20 @@ class FaultNode:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RECOVERY_TIMEOUT
         state: dict[str, Any] = {}
+        error = ""
         while loop.time() < deadline:
-            state = await debug_state(self.port)
-            policy = state.get("policy") or {}
-            if state["health"]["ok"] and not policy.get("pct_degraded", True):
-                return state
+            try:
+                state = await debug_state(self.port)
+            except OSError as exc:  # not listening (yet, or any more)
+                error = f"; /debug/state: {exc}"
+            else:
+                policy = state.get("policy") or {}
+                if state["health"]["ok"] and not policy.get("pct_degraded", True):
+                    return state
             await asyncio.sleep(0.05)
         raise AssertionError(
             f"the plugin did not recover in {RECOVERY_TIMEOUT}s: health {state.get('health')}, "
-            f"pct_degraded {(state.get('policy') or {}).get('pct_degraded')}\n"
-            + "\n".join(list(self.plugin.tail)[-40:])
+            f"pct_degraded {(state.get('policy') or {}).get('pct_degraded')}{error}"
         )
 
     async def until_degraded(self) -> None:
@@ -433,12 +437,13 @@ class Churn:
         await self.remove()
         return None
 
-    async def create(self, balloon: str = "") -> tuple[str, float | None]:
-        """One pod; its name and the plugin's answer time (None: no answer)."""
+    async def create(self, balloon: str = "", cpu: str = "") -> tuple[str, float | None]:
+        """One pod (of a random shape unless given); its name and the plugin's
+        answer time (None: no answer)."""
         self.serial += 1
         name = f"f{self.serial}"
         shape = next((s for s in SHAPES if s[0] == balloon), None) or self.rng.choice(SHAPES)
-        cpu = self.rng.choice(shape[1])
+        cpu = cpu or self.rng.choice(shape[1])
         before = len(self.node.rt.call_times("CreateContainer"))
         self.creates += 1
         self.current = ("create", name)

@@ -79,6 +79,9 @@ class Suite:
         self.unnoticed = Figure("helper outages not reported (pct_degraded)")
         self.drops = Figure("runtime drops of the plugin")
         self.refused = Figure("creates refused")
+        self.stopped = Figure("liveness bounds exceeded (the suite stopped)")
+        self.points: dict[str, int] = {"create-reply": 0, "delay": 0}
+        self.helper_kills = 0
         self.mark = 0
         """failures of the runtime seen so far"""
         self.state: dict[str, Any] = {}
@@ -99,6 +102,7 @@ class Suite:
             self.unnoticed,
             self.drops,
             self.refused,
+            self.stopped,
         ]
 
     # -- checks after each restart ---------------------------------------------------
@@ -184,6 +188,7 @@ class Suite:
     async def plugin_kill(self, i: int) -> None:
         f = self.f
         kind = self.rng.choice(("create-reply", "delay"))
+        self.points[kind] += 1
         point, inflight = await self.churn_until_killed(i, kind)
         where = f"plugin kill {i} ({point})"
         await f.kill_plugin()
@@ -226,6 +231,7 @@ class Suite:
         reset = i % 2 == 1
         where = f"helper kill {i}" + (" (SST reset)" if reset else "")
         f.n.helper.kill()
+        self.helper_kills += 1
         log = f.helper_log()
         if reset:
             f.n.helper.state.unlink(missing_ok=True)  # SST as the BIOS left it
@@ -233,8 +239,9 @@ class Suite:
         down = self.rng.uniform(*HELPER_DOWN)
         deadline = loop.time() + down
         churn.helper_down = True
-        # the first create needs a CLOS association (HP), then the churn goes on
-        created: tuple[str, float | None] | None = await churn.create("hp-bln")
+        # the first create needs the helper (a new HP balloon of a whole core:
+        # its CLOS association), then the churn goes on
+        created: tuple[str, float | None] | None = await churn.create("hp-bln", "2")
         while True:
             if created is not None:
                 name, took = created
@@ -273,10 +280,13 @@ class Suite:
             f"helper up: {sum(t > SLOW_CREATE for t in up)} of {len(up)} over "
             f"{SLOW_CREATE * 1000:.0f} ms, slowest {max(up, default=0) * 1000:.0f} ms"
         )
+        at = self.points
         return (
-            f"fault suite, seed {seed}: {PLUGIN_KILLS} plugin kills, {HELPER_KILLS} helper kills, "
-            f"{c.creates} creates, {c.removes} removes; start {phases[0]:.0f} s, plugin kills "
-            f"{phases[1]:.0f} s, helper kills {phases[2]:.0f} s\n" + table(self.figures)
+            f"fault suite, seed {seed}: {sum(at.values())} plugin kills ({at['create-reply']} at "
+            f"a create reply, {at['delay']} at a random delay), {self.helper_kills} helper kills, "
+            f"{c.creates} creates, {c.removes} removes\n"
+            f"seconds: start {phases[0]:.0f}, plugin kills {phases[1]:.0f}, "
+            f"helper kills {phases[2]:.0f}\n" + table(self.figures)
         )
 
 
@@ -295,17 +305,20 @@ async def test_kill_9_of_plugin_and_helper_under_churn() -> None:
             f = FaultNode(n)
             await f.started()
             suite = Suite(f, rng, errors)
-            for _ in range(6):
-                await suite.churn.create()
-            await suite.check("start")
-            suite.new_failures(0, "start")
-            phases.append(time.monotonic())
-            for i in range(1, PLUGIN_KILLS + 1):
-                await suite.plugin_kill(i)
-            phases.append(time.monotonic())
-            for i in range(1, HELPER_KILLS + 1):
-                await suite.helper_kill(i)
-            phases.append(time.monotonic())
+            try:
+                for _ in range(6):
+                    await suite.churn.create()
+                await suite.check("start")
+                suite.new_failures(0, "start")
+                phases.append(time.monotonic())
+                for i in range(1, PLUGIN_KILLS + 1):
+                    await suite.plugin_kill(i)
+                phases.append(time.monotonic())
+                for i in range(1, HELPER_KILLS + 1):
+                    await suite.helper_kill(i)
+            except (AssertionError, TimeoutError, RuntimeError, OSError) as exc:
+                suite.stopped.add(f"{type(exc).__name__}: {exc}")
+            phases += [time.monotonic()] * (4 - len(phases))
             suite.refused.found = list(suite.churn.refused)
     report = suite.report(seed, [b - a for a, b in itertools.pairwise(phases)])
     print(report)
