@@ -5,7 +5,8 @@ Everything is real: the balloons plugin and the SST helper (sim backend) are
 processes of their own, the runtime simulator speaks NRI to the plugin over
 its unix socket, the checks read the plugin's ``/debug/state`` over HTTP and
 the helper's CLOS associations over its ZeroMQ socket. The one thing of ours
-added to the simulator is a kill point (:class:`KillPointRuntime`).
+added to the simulator is a kill point (:class:`KillPointRuntime`, on the
+simulator's one request path).
 """
 
 from __future__ import annotations
@@ -320,14 +321,32 @@ class FaultNode:
         )
 
     async def until_degraded(self) -> None:
-        """Wait (bounded) until the plugin reports PCT degraded."""
+        """Wait (bounded) until the plugin reports PCT degraded (or is gone:
+        the caller counts that as a drop)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + NOTICE_TIMEOUT
-        while not (await debug_state(self.port))["policy"].get("pct_degraded"):
+        while True:
+            try:
+                if (await debug_state(self.port))["policy"].get("pct_degraded"):
+                    return
+            except OSError:
+                if self.plugin_gone:
+                    return
             if loop.time() > deadline:
                 raise AssertionError(
                     f"the plugin did not report PCT degraded within {NOTICE_TIMEOUT}s"
                 )
+            await asyncio.sleep(0.05)
+
+    async def programmed(self) -> list[str]:
+        """What is not programmed on the helper's punits, once all is or
+        :data:`SETTLE` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE
+        while True:
+            missing = sst_not_programmed(await helper_punits(self.n.helper.endpoint))
+            if not missing or loop.time() > deadline:
+                return missing
             await asyncio.sleep(0.05)
 
     async def clos_views(self) -> tuple[dict[str, Any], dict[int, int], list[str]]:
