@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from faults import (
     Churn,
     FaultNode,
@@ -348,4 +349,5 @@ async def test_kill_9_of_plugin_and_helper_under_churn() -> None:
         + (f"\n  ... and {len(fig.found) - SHOWN} more" if len(fig.found) > SHOWN else "")
         for fig in failed
     )
-    assert not failed, f"{report}\n\n{details}"
+    if failed:
+        pytest.fail(f"{report}\n\n{details}", pytrace=False)
