@@ -289,8 +289,8 @@ class Suite:
             self.sst.add(f"{where}: {text}")
         self.count_resets(where, log, allowed=1 if reset else 0)
         await churn.create()  # and with the helper up again
-        self.new_failures(0, where)
         await self.ensure_plugin(where)
+        self.new_failures(0, where)
 
     def report(self, seed: int, phases: list[float]) -> str:
         c = self.churn
