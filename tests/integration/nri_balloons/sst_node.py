@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,8 +161,11 @@ async def node(
     log_level: str = "info",
     topology: str = "n4c16",
     helper_args: tuple[str, ...] = (),
+    runtime: Callable[[Path], SimulatedRuntime] = SimulatedRuntime,
     plugin_args: tuple[str, ...] = (),
 ) -> AsyncIterator[Node]:
+    """``runtime`` makes the simulator from its socket path (a subclass with
+    kill points, say); ``plugin_args`` go to the end of the plugin's command."""
     work = Path(tempfile.mkdtemp(prefix="cpuclass-"))
     host_root = write_topology(work / "host", topology)
     cfg = work / "balloons.yaml"
@@ -170,7 +173,7 @@ async def node(
     helper = Helper(work, host_root, helper_args)
     helper.start()
     try:
-        async with SimulatedRuntime(work / "nri.sock") as rt:
+        async with runtime(work / "nri.sock") as rt:
             cmd = plugin_command(work / "nri.sock", host_root, work / "state", cfg)
             cmd += ["--sst-helper", helper.endpoint, "--log-level", log_level, *plugin_args]
             n = Node(rt, await PluginProcess.launch(cmd), helper, host_root, work, cmd=cmd)
