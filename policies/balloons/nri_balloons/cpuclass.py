@@ -385,7 +385,7 @@ class CpuClassHandler:
         return bool(
             self.dirty
             or self.degraded
-            or pct.pending
+            or (pct.pending and not pct.hold)  # held CPUs wait for the Synchronize
             or pct.need_program
             or pct.teardown_pending
             or pct.degraded

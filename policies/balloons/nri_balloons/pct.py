@@ -220,14 +220,15 @@ class PctAllocator:
         """the helper process SST was last programmed on (None: none yet)"""
         self.managed_sst = False
         """SST is in managed mode by our PrepareManagedMode (until a Teardown)"""
+        self.hold = False
+        """Program SST but associate no CPU yet: a starting plugin does not
+        know the running containers before the runtime's Synchronize, and must
+        not send their CPUs to the idle class (an HP pod off its CLOS) meanwhile"""
         self.requests_sent = 0
         self.timeout: float | None = None
         """per-request timeout of the current flush (None: the writer's default)"""
         self._programmed_key: object = None
         """the plan of the configuration"""
-        self._sst_key: object = None
-        """the plan SST was last programmed with (kept over a helper restart:
-        the same plan then keeps what the hardware still has)"""
         self._answered: set[str] = set()
         self._discovery: m.DiscoverReply | None = None
         self._turbo: tuple[int, int, int] | None = None
@@ -437,16 +438,19 @@ class PctAllocator:
         # every answer from one helper process, or SST is programmed again
         answered = self._answered or {self.instance}
         self.programmed_instance = answered.pop() if len(answered) == 1 else None
-        self._sst_key = self._programmed_key
         self.pending |= cpuset.from_ids(self.want)
 
     def _program_managed(self) -> Steps[set[int]]:
-        """PrepareManagedMode (keeping what SST holds when it was programmed
-        for this very plan: a restarted helper), CLOS bounds, EnableCP.
-        Returns the HP-eligible punits (every one)."""
-        keep = self._sst_key == self._programmed_key
+        """PrepareManagedMode, CLOS bounds, EnableCP. Returns the HP-eligible
+        punits (every one).
+
+        SST already in managed state (a restarted helper or plugin: the
+        hardware keeps what was programmed) is kept rather than reset, so no
+        core drops to CLOS 0 meanwhile; what a reset would do is then done
+        explicitly: every CLOS the plan does not use gets the reset bounds,
+        and every CPU is re-associated (all are pending after programming)."""
         try:
-            reply = yield from self._ask(m.PrepareManagedMode(keep_programmed=keep), slow=True)
+            reply = yield from self._ask(m.PrepareManagedMode(keep_programmed=True), slow=True)
         except WriteRefused as exc:
             raise PctError(f"pct: failed to prepare managed mode: {exc}") from None
         assert isinstance(reply, m.PrepareManagedModeReply)
@@ -468,6 +472,15 @@ class PctAllocator:
         by_clos: dict[int, Plan] = {}
         for plan in self.plans.values():
             by_clos.setdefault(plan.clos, plan)
+        if not reply.reset:
+            for clos in range(m.CLOS_COUNT):
+                if clos not in by_clos:  # as CPReset leaves it: no limit
+                    try:
+                        yield from self._ask(
+                            m.ConfigureClos(clos=clos, min_khz=0, max_khz=m.CLOS_NO_LIMIT_KHZ)
+                        )
+                    except WriteRefused as exc:
+                        raise PctError(f"pct: failed to configure CLOS {clos}: {exc}") from None
         for clos in sorted(by_clos):
             plan = by_clos[clos]
             log.debug(
@@ -741,6 +754,8 @@ class PctAllocator:
                 if not self.mode:
                     self.pending = 0
                     return True
+                if self.hold:
+                    break  # programmed; the CPUs wait for the running containers
                 yield from self._associate_pending()
                 if not self._must_program():
                     break

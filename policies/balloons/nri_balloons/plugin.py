@@ -277,6 +277,10 @@ class Balloons:
         self.policy = BalloonsPolicy(
             Topology.from_sysfs(host.host_root), host.host_root, writer=writer
         )
+        # until the runtime's Synchronize names the running containers, SST is
+        # programmed but no CPU re-associated (a restarted plugin would send
+        # running HP pods' CPUs to the idle class meanwhile)
+        self.policy.cpu_classes.pct.hold = True
         path = host.options.get("config_file")
         if path:
             self.apply(self.prepare(Path(path).read_text(), str(path)))
@@ -317,6 +321,7 @@ class Balloons:
     ) -> list[Update]:
         assert self.policy is not None and self.policy.config is not None
         with self._reply_path(reconfigures=True):
+            self.policy.cpu_classes.pct.hold = False
             self.policy.set_config(self.policy.config)
             alive = {c.id for c in containers}
             restored = self.policy.restore(saved_state, alive) if saved_state else set()

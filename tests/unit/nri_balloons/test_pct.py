@@ -613,13 +613,52 @@ def test_restarted_helper_keeps_what_sst_holds_for_the_same_plan(
     assert "pct: SST helper reconnected; programming SST state again" in caplog.messages
     assert prepares(helper) == [m.PrepareManagedMode(keep_programmed=True)]
     kinds = [type(r).__name__ for r in helper.sent]
-    assert kinds.count("ConfigureClos") == 2 and "EnableCP" in kinds
+    assert "EnableCP" in kinds
+    bounds = {r.clos: (r.min_khz, r.max_khz) for r in helper.sent if isinstance(r, m.ConfigureClos)}
+    # the plan's CLOS, and the others as a CPReset leaves them (no limit)
+    assert bounds == {
+        0: (2_300_000, 4_600_000),
+        1: (0, m.CLOS_NO_LIMIT_KHZ),
+        2: (0, m.CLOS_NO_LIMIT_KHZ),
+        3: (800_000, 2_300_000),
+    }
     assert helper.seen and all(set(seen.values()) == {3} for seen in helper.seen)
     clos = helper.clos(policy.allowed)
     assert {c for c, k in clos.items() if k == 0} == set(cpuset.ids(hp))
     assert all(clos[c] == 3 for c in cpuset.ids(lp))
     reassociated = set().union(*(r.cpus for r in helper.sent if isinstance(r, m.AssociateCpus)))
     assert reassociated == set(cpuset.ids(policy.allowed))
+
+
+def test_restarted_plugin_keeps_what_sst_holds() -> None:
+    """Defect 4: a new plugin process on a helper whose SST is programmed
+    (the plugin was killed) programs its plan without a CPReset, and
+    associates no CPU before the runtime's Synchronize names the running
+    containers: no CPU of a running HP balloon passes through another CLOS."""
+    policy, helper = make()
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    admit(policy, "pct-lp", 8, "lp-bln")
+    before = helper.clos(policy.allowed)
+    helper.sent.clear()
+    helper.watch = hp
+    # the plugin's start: configured before the runtime's Synchronize
+    topo = Topology.from_sysfs(str(helper.root))
+    fresh = BalloonsPolicy(topo, str(helper.root), writer=helper)
+    fresh.cpu_classes.pct.hold = True
+    result = validate(load_policy(SPEC.read_text()), online_cpus=topo.online)
+    assert result.prepared is not None
+    fresh.set_config(result.prepared)
+    assert fresh.cpu_classes.commit()
+    assert not [r for r in helper.sent if isinstance(r, m.AssociateCpus)]
+    assert not fresh.cpu_classes.unsettled()  # nothing for a background commit
+    # the Synchronize: the running containers restored, then their CPUs associated
+    fresh.cpu_classes.pct.hold = False
+    fresh.set_config(result.prepared)
+    assert fresh.restore(policy.export(), set(policy.owner)) == set(policy.owner)
+    assert fresh.cpu_classes.commit()
+    assert prepares(helper) == [m.PrepareManagedMode(keep_programmed=True)]
+    assert helper.seen and all(set(seen.values()) == {0} for seen in helper.seen)
+    assert helper.clos(policy.allowed) == before
 
 
 def test_reply_path_waits_at_most_its_budget() -> None:
