@@ -41,8 +41,11 @@ log = logging.getLogger("cpuclass")
 
 WriteRequest = m.SetCpufreq | m.SetCstates | m.SetUncore
 T = TypeVar("T")
-REPLY_BUDGET = DEFAULT_TIMEOUT
-"""Seconds a hook on the event loop may wait for the helper in total."""
+REPLY_BUDGET = DEFAULT_TIMEOUT / 2
+"""Seconds a hook on the event loop may wait for the helper in total: half
+the 100 ms a container's reply may take, so that the reply (the policy's
+own work included) stays within it while the helper is away or hung; a
+healthy helper answers in well under a millisecond."""
 
 
 class WriterUnavailable(Exception):

@@ -296,3 +296,23 @@ def test_bios_pct_on_profile() -> None:
     assert cp.enable and cp.ordered
     assert sim.clos_assoc_get(0, 0, 0) == 0 and sim.clos_assoc_get(0, 0, 20) == 2
     assert sim.tf_effective(0, 0)
+
+
+def test_every_change_is_in_the_state_file_before_the_reply(
+    small_root: Path, tmp_path: Path
+) -> None:
+    """Hardware keeps each write at once, so a helper killed right after it
+    answered comes back to what it answered (the model: its state file is
+    written before the reply leaves, not later when idle)."""
+    from nri_sst import messages as m
+
+    state = tmp_path / "sim.json"
+    h = RequestHandler(SimBackend(SMALL_SIM, state_file=state), small_root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    for clos in (2, 3, 1):  # back to back, as a plugin's flush sends them
+        h.dispatch(m.AssociateCpus(clos=clos, cpus=[5]))
+        # kill -9 now: a new helper reads the file
+        again = RequestHandler(SimBackend(SMALL_SIM, state_file=state), small_root)
+        again.peers.add(b"")
+        assert again.dispatch(m.GetAssociation(cpus=[5])) == m.GetAssociationReply(clos={5: clos})
