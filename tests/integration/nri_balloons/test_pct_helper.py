@@ -176,7 +176,14 @@ async def test_plugin_restart_keeps_placement_and_clos() -> None:
         n.plugin = await PluginProcess.launch(n.cmd)
         await wait_registered(n.rt, n.plugin, 20)
         await n.plugin.wait_output("synchronized 5 pod(s), 5 container(s)", 20)
-        await n.plugin.wait_output("to CLOS 3", 20, count=2)  # startup, then after the restore
+        await n.plugin.wait_output("to CLOS 3", 20)  # after the restore
+        # nothing associated before the Synchronize named the running
+        # containers (their CPUs would have gone to the idle class meanwhile)
+        log = list(n.plugin.tail)
+        first = next(i for i, line in enumerate(log) if "to CLOS" in line)
+        restored = f'on CPUs "{cpuset.format(cpuset.from_ids(hp[0]))}" of "hp-bln[0]"'
+        assert any(restored in line for line in log[:first]), log[first]
+        assert "CPReset" not in "".join(log)  # SST kept as the killed plugin left it
         names = [f"pct-hp-{i}" for i in range(1, 5)] + ["pct-lp"]
         for name, cpus in zip(names, [*hp, lp], strict=True):
             c = n.rt.container(n.containers[name])
