@@ -19,8 +19,8 @@ class CpusetError(ValueError):
     """Text that is not a Linux list-format set."""
 
 
-def _clip(text: str, width: int = 80) -> str:
-    """``text`` shortened for an error message (the input may be megabytes)."""
+def clip(text: str, width: int = 80) -> str:
+    """``text`` shortened for an error message (an input may be megabytes long)."""
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -34,7 +34,7 @@ def parse(text: str, *, limit: int = MAX_IDS) -> int:
     text = text.strip()
     if not text:
         return 0
-    shown = _clip(text)
+    shown = clip(text)
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -44,9 +44,9 @@ def parse(text: str, *, limit: int = MAX_IDS) -> int:
             lo = int(lo_s)
             hi = int(hi_s) if sep else lo
         except ValueError:
-            raise CpusetError(f"invalid cpuset {shown!r}: bad element {_clip(part)!r}") from None
+            raise CpusetError(f"invalid cpuset {shown!r}: bad element {clip(part)!r}") from None
         if lo < 0 or hi < lo:
-            raise CpusetError(f"invalid cpuset {shown!r}: bad range {_clip(part)!r}")
+            raise CpusetError(f"invalid cpuset {shown!r}: bad range {clip(part)!r}")
         if hi >= limit:
             raise CpusetError(f"invalid cpuset {shown!r}: id {hi} out of range 0-{limit - 1}")
         mask |= ((1 << (hi - lo + 1)) - 1) << lo
