@@ -717,15 +717,16 @@ class _BoundedLoader(yaml.SafeLoader):
     looks at the clock; integer scalars are refused before conversion when
     longer than :data:`MAX_INT_DIGITS`."""
 
-    def __init__(self, text: str, deadline: float | None, clock: Callable[[], float]) -> None:
-        super().__init__(text)
+    def __init__(self, text: str, timeout: float | None, clock: Callable[[], float]) -> None:
+        self.timeout = timeout
+        self.clock = clock
+        self.deadline = None if timeout is None else clock() + timeout
         self.depth = 0
         self.composed = 0
-        self.deadline = deadline
-        self.clock = clock
+        super().__init__(text)
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        mark = self.peek_event().start_mark
+        mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
         self.composed += 1
         if self.depth >= MAX_DEPTH:
             raise yaml.composer.ComposerError(
@@ -733,11 +734,11 @@ class _BoundedLoader(yaml.SafeLoader):
             )
         if self.deadline is not None and self.composed % 512 == 0 and self.clock() > self.deadline:
             raise yaml.composer.ComposerError(
-                None, None, f"document takes longer than {PARSE_TIMEOUT:g}s to parse", mark
+                None, None, f"document takes longer than {self.timeout:g}s to parse", mark
             )
         self.depth += 1
         try:
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self.depth -= 1
 
@@ -746,7 +747,7 @@ class _BoundedLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, f"integer of more than {MAX_INT_DIGITS} digits", node.start_mark
             )
-        return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+        return super().construct_yaml_int(node)
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
@@ -824,11 +825,10 @@ def parse_yaml(
 
     Raises :class:`ConfigSyntaxError` for text that is not YAML or is beyond
     the bounds (depth, size, ``timeout`` seconds of ``clock``)."""
-    deadline = None if timeout is None else clock() + timeout
     docs: list[tuple[object, yaml.Node]] = []
     loader: _BoundedLoader | None = None
     try:
-        loader = _BoundedLoader(text, deadline, clock)  # checks the characters
+        loader = _BoundedLoader(text, timeout, clock)  # checks the characters
         while loader.check_node():
             node = loader.get_node()
             if node is None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 from nri_framework import cpuset
+from nri_framework.configfile import ConfigFileError, read_config_file
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.model import (
@@ -115,7 +115,11 @@ class Balloons:
     # -- configuration -----------------------------------------------------------
 
     def prepare(self, text: str, source: str) -> PreparedConfig:
-        """Parse and validate a configuration; raises PolicyError with every error."""
+        """Parse and validate a configuration; raises PolicyError with every error.
+
+        Reads nothing but the topology: safe in the host's worker thread
+        (:meth:`policy_prepare_config`). Parsing is bounded in depth, size
+        and time (:func:`~nri_balloons.config.load_policy`)."""
         assert self.policy is not None
         try:
             doc = load_policy(text, source=source)
@@ -178,7 +182,9 @@ class Balloons:
             pct.slow_timeout = DISCOVER_TIMEOUT
             self.commit(timeout)
 
-    def reconfigure(self, text: str, source: str) -> list[Update]:
+    def reconfigure(
+        self, text: str, source: str, prepared: PreparedConfig | None = None
+    ) -> list[Update]:
         """A new configuration for the running plugin (what the agent delivers
         when the BalloonsPolicy changes); the updates of the containers it moved.
 
@@ -186,7 +192,8 @@ class Balloons:
         cannot set up (``balloons: config update failed: ...``); the running
         configuration stays then."""
         assert self.policy is not None and self.host is not None
-        prepared = self.prepare(text, source)
+        if prepared is None:
+            prepared = self.prepare(text, source)
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
         pods = self.host.pods
@@ -204,9 +211,15 @@ class Balloons:
         return self._updates()
 
     @hookimpl
-    def policy_reconfigure(self, config: str, source: str) -> list[Update]:
+    def policy_prepare_config(self, config: str, source: str) -> PreparedConfig:
+        return self.prepare(config, source)
+
+    @hookimpl
+    def policy_reconfigure(
+        self, config: str, source: str, prepared: PreparedConfig | None
+    ) -> list[Update]:
         log.info("configuration update")
-        updates = self.reconfigure(config, source)
+        updates = self.reconfigure(config, source, prepared)
         log.info("config updated successfully")
         return updates
 
@@ -226,7 +239,11 @@ class Balloons:
         )
         path = host.options.get("config_file")
         if path:
-            self.apply(self.prepare(Path(path).read_text(), str(path)))
+            try:
+                text = read_config_file(str(path))
+            except ConfigFileError as exc:
+                raise PolicyError(str(exc)) from None
+            self.apply(self.prepare(text, str(path)))
         log.info("balloons policy started")
 
     @hookimpl
