@@ -197,6 +197,7 @@ class PolicyHost:
         self.hook = self.pm.hook
         self._update_sender: UpdateSender | None = None
         self._save_handle: asyncio.Handle | None = None
+        self._save_urgent = False
         self._listeners: list[Callable[[], None]] = []
         self.journal = (
             Journal(self.state_dir / f"{policy_name}.journal") if self.state_dir else None
@@ -512,17 +513,24 @@ class PolicyHost:
                 callback()
             except Exception:
                 log.exception("change listener failed")
-        if self.state_dir is None or self._save_handle is not None:
+        if self.state_dir is None:
+            return
+        urgent = self.journal is not None and self.journal.size > COMPACT_BYTES
+        if self._save_handle is not None and not (urgent and not self._save_urgent):
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.save_now()
             return
-        delay = (
-            0.0 if self.journal is not None and self.journal.size > COMPACT_BYTES else SAVE_DELAY
-        )
-        self._save_handle = loop.call_later(delay, self.save_now)
+        if self._save_handle is not None:
+            self._save_handle.cancel()
+        # past COMPACT_BYTES: on the next turn of the loop (still after the reply)
+        if urgent:
+            self._save_handle = loop.call_soon(self.save_now)
+        else:
+            self._save_handle = loop.call_later(SAVE_DELAY, self.save_now)
+        self._save_urgent = urgent
 
     def _journal(self) -> None:
         """One record: the cache entries that changed, the policy's state if
