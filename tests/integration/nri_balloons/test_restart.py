@@ -108,3 +108,32 @@ async def test_sigkill_right_after_create_replies_moves_no_container(tmp_path: P
                 assert after == before, f"round {r}:\n{plugin.output()}"
         finally:
             await plugin.stop()
+
+
+async def test_runtime_restart_moves_no_container(tmp_path: Path) -> None:
+    """The runtime restarts (its containers keep running) and synchronizes the
+    plugin again: what the plugin decided since it started stays, not what it
+    had loaded at start (a container removed in between freed CPUs that a
+    fresh placement would hand to the others)."""
+    host_root = write_topology(tmp_path / "host", "n4c16")
+    config = tmp_path / "balloons.yaml"
+    config.write_text(DEDICATED)
+    cmd = plugin_command(tmp_path / "nri.sock", host_root, tmp_path / "state", config)
+    cmd.remove("--exit-on-disconnect")
+    rt = SimulatedRuntime(tmp_path / "nri.sock")
+    await rt.start()
+    plugin = await PluginProcess.launch(cmd)
+    try:
+        await wait_registered(rt, plugin, 20)
+        pod = await rt.run_pod(Pod(id="", name="p", uid="u", namespace="default"))
+        ids = [(await rt.create_container(pod.id, two_cpus(f"c{i}"))).id for i in range(3)]
+        await rt.remove_container(ids.pop(0))
+        before = {cid: rt.container(cid).cpus for cid in ids}
+        await rt.stop()
+        await rt.start()
+        await wait_registered(rt, plugin, 20)
+        await plugin.wait_output("synchronized 1 pod(s), 2 container(s)", timeout=10)
+        assert {cid: rt.container(cid).cpus for cid in ids} == before, plugin.output()
+    finally:
+        await rt.stop()
+        await plugin.stop()
