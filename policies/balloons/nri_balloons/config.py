@@ -69,7 +69,7 @@ KIND = "BalloonsPolicy"
 
 #: Nesting levels of a document (a real BalloonsPolicy uses about ten).
 MAX_DEPTH = 64
-#: Nodes of a document, aliases expanded (a 4 MiB file holds fewer).
+#: Nodes of a text's documents, aliases expanded (a 4 MiB file holds fewer).
 MAX_NODES = 1 << 20
 #: Range of Go's ``int``, what upstream decodes integer fields into.
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -761,10 +761,11 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def _check_expansion(root: yaml.Node) -> None:
+def _check_expansion(root: yaml.Node, budget: int) -> int:
     """Aliases share nodes: the document they expand to must stay within
-    :data:`MAX_DEPTH` and :data:`MAX_NODES` (a "billion laughs" text is small),
-    and must not contain itself. Iterative: the check must not recurse either."""
+    :data:`MAX_DEPTH` and ``budget`` nodes (a "billion laughs" text is small),
+    and must not contain itself; returns its size. Iterative: the check must
+    not recurse either."""
     size: dict[int, tuple[int, int]] = {}  # id -> (nodes, depth) once done
     open_: set[int] = set()  # on the current path
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -776,8 +777,8 @@ def _check_expansion(root: yaml.Node) -> None:
             kids = [size[id(k)] for k in _children(node)]
             nodes = 1 + sum(n for n, _ in kids)
             depth = 1 + max((d for _, d in kids), default=0)
-            if nodes > MAX_NODES or depth > MAX_DEPTH:
-                what = f"{MAX_NODES} nodes" if nodes > MAX_NODES else f"{MAX_DEPTH} levels"
+            if nodes > budget or depth > MAX_DEPTH:
+                what = f"{MAX_NODES} nodes" if nodes > budget else f"{MAX_DEPTH} levels"
                 raise yaml.composer.ComposerError(
                     None, None, f"aliases expand the document beyond {what}", node.start_mark
                 )
@@ -792,6 +793,7 @@ def _check_expansion(root: yaml.Node) -> None:
         open_.add(key)
         stack.append((node, True))
         stack.extend((k, False) for k in _children(node) if id(k) not in size)
+    return size[id(root)][0]
 
 
 def _position(text: str, index: int) -> tuple[int, int]:
@@ -826,6 +828,7 @@ def parse_yaml(
     Raises :class:`ConfigSyntaxError` for text that is not YAML or is beyond
     the bounds (depth, size, ``timeout`` seconds of ``clock``)."""
     docs: list[tuple[object, yaml.Node]] = []
+    nodes = 0  # of every document: MAX_NODES is for the whole text
     loader: _BoundedLoader | None = None
     try:
         loader = _BoundedLoader(text, timeout, clock)  # checks the characters
@@ -833,7 +836,7 @@ def parse_yaml(
             node = loader.get_node()
             if node is None:
                 continue
-            _check_expansion(node)
+            nodes += _check_expansion(node, MAX_NODES - nodes)
             doc = loader.construct_document(node)
             if doc is not None:
                 docs.append((doc, node))

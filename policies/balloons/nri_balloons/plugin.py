@@ -53,8 +53,18 @@ RETRY_MIN = 0.5
 RETRY_MAX = 10.0
 """Seconds between background commits while the SST helper is away (doubling)."""
 ALL_LOGGERS = ("policy", "cpuclass", "nri_framework")
+MAX_REPORTED = 20
+"""Errors (and warnings) of one configuration that are reported."""
 
 log = logging.getLogger("policy")
+
+
+def first_few(messages: list[str], limit: int = MAX_REPORTED) -> list[str]:
+    """At most ``limit`` messages and a count of the rest: a hostile file can
+    make thousands, and each lands in a log line or a custom resource's status."""
+    if len(messages) <= limit:
+        return messages
+    return [*messages[:limit], f"... and {len(messages) - limit} more"]
 
 
 class Balloons:
@@ -124,14 +134,12 @@ class Balloons:
         try:
             doc = load_policy(text, source=source)
         except ConfigError as exc:
-            raise PolicyError(str(exc)) from None
+            raise PolicyError("\n".join(first_few(exc.errors))) from None
         result = validate(doc, online_cpus=self.policy.topology.online)
-        for warning in result.warnings:
-            log.warning("%s", warning)
-        for warning in unimplemented(doc.spec):
+        for warning in first_few([*result.warnings, *unimplemented(doc.spec)]):
             log.warning("%s", warning)
         if result.prepared is None:
-            raise PolicyError("; ".join(result.errors))
+            raise PolicyError("; ".join(first_few(result.errors)))
         return result.prepared
 
     def debug_loggers(self, names: list[str]) -> None:
