@@ -159,10 +159,11 @@ async def test_reloads_of_a_fifo_a_huge_and_a_slow_file_keep_creates_answered(
                 )
                 assert message in plugin.output(), what
                 if what == "slow":
-                    # creates were answered while the file was checked (on
-                    # the loop, none could be: the one in flight at most)
+                    # creates were answered while the file was checked (about
+                    # 30 here); on the loop none could be, but the one in
+                    # flight and one the plugin read before the signal (2)
                     during = [t for t in churn.answered if t > start]
-                    assert len(during) >= 3, len(during)
+                    assert len(during) >= 10, len(during)
             await churn.stop()
             times = rt.call_times("CreateContainer")
             assert max(times) < 1.0, sorted(times)[-5:]  # liveness: every create answered
