@@ -8,10 +8,11 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nri_framework import __version__, logsetup
+from nri_framework.configfile import Reloader
+from nri_framework.hookspecs import PolicyError
 from nri_framework.host import PolicyHost
 from nri_framework.instrumentation import parse_address, start_instrumentation
 from nri_framework.registry import PolicyNotFound, list_policies, load_policy
@@ -99,17 +100,21 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         environ=os.environ,
     )
-    host = PolicyHost(
-        args.policy,
-        policy,
-        options={
-            "cpus": args.cpus,
-            "config_file": args.config_file,
-            "sst_helper": args.sst_helper,
-        },
-        state_dir=args.state_dir,
-        host_root=args.host_root,
-    )
+    try:
+        host = PolicyHost(
+            args.policy,
+            policy,
+            options={
+                "cpus": args.cpus,
+                "config_file": args.config_file,
+                "sst_helper": args.sst_helper,
+            },
+            state_dir=args.state_dir,
+            host_root=args.host_root,
+        )
+    except PolicyError as exc:  # e.g. an invalid --config-file: the text says why
+        log.error("cannot start policy %s: %s", args.policy, exc)
+        return 1
     return asyncio.run(serve(host, opts, args.config_file, args.metrics_address, agent=agent))
 
 
@@ -128,21 +133,11 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stub.stop)
-    reloads: set[asyncio.Task[bool]] = set()
-
-    def reload() -> None:
-        """SIGHUP: re-read --config-file and reconfigure the running policy."""
-        try:
-            text = Path(config_file).read_text()
-        except OSError as exc:
-            log.error("cannot reload configuration: %s", exc)
-            return
-        task = loop.create_task(host.reconfigure(text, config_file))
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    if config_file:
-        loop.add_signal_handler(signal.SIGHUP, reload)
+    reloader = None
+    if config_file:  # SIGHUP: re-read --config-file, off the event loop
+        reloader = Reloader(host, config_file)
+        reloader.start()
+        loop.add_signal_handler(signal.SIGHUP, reloader.request)
     mode = (
         f"pre-launched (fd {opts.fd})" if opts.fd is not None else f"external ({opts.socket_path})"
     )
@@ -164,6 +159,8 @@ async def serve(
                 return 0
         return await stub.run()
     finally:
+        if reloader is not None:
+            await reloader.stop()
         if k8s is not None:
             await k8s.stop()
         if instrumentation is not None:

@@ -9,29 +9,46 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+#: Ids a set may hold: 0 .. MAX_IDS - 1. Linux has at most 8192 CPUs
+#: (``NR_CPUS`` of ``MAXSMP``) and fewer NUMA nodes; a larger id is a typo or
+#: an attack, and building its mask would take memory in proportion to it.
+MAX_IDS = 8192
+
 
 class CpusetError(ValueError):
     """Text that is not a Linux list-format set."""
 
 
-def parse(text: str) -> int:
-    """``"0-3,8,10-11"`` -> bitmask. Whitespace and a trailing newline are ignored."""
+def clip(text: str, width: int = 80) -> str:
+    """``text`` shortened for an error message (an input may be megabytes long)."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def parse(text: str, *, limit: int = MAX_IDS) -> int:
+    """``"0-3,8,10-11"`` -> bitmask. Whitespace and a trailing newline are ignored.
+
+    Ids must be below ``limit``: the mask is built only after every bound is
+    checked, so a huge range costs nothing.
+    """
     mask = 0
     text = text.strip()
     if not text:
         return 0
+    shown = clip(text)
     for part in text.split(","):
         part = part.strip()
         if not part:
-            raise CpusetError(f"invalid cpuset {text!r}: empty element")
+            raise CpusetError(f"invalid cpuset {shown!r}: empty element")
         lo_s, sep, hi_s = part.partition("-")
         try:
             lo = int(lo_s)
             hi = int(hi_s) if sep else lo
         except ValueError:
-            raise CpusetError(f"invalid cpuset {text!r}: bad element {part!r}") from None
+            raise CpusetError(f"invalid cpuset {shown!r}: bad element {clip(part)!r}") from None
         if lo < 0 or hi < lo:
-            raise CpusetError(f"invalid cpuset {text!r}: bad range {part!r}")
+            raise CpusetError(f"invalid cpuset {shown!r}: bad range {clip(part)!r}")
+        if hi >= limit:
+            raise CpusetError(f"invalid cpuset {shown!r}: id {hi} out of range 0-{limit - 1}")
         mask |= ((1 << (hi - lo + 1)) - 1) << lo
     return mask
 

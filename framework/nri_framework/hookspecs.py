@@ -75,20 +75,44 @@ def policy_start(host: PolicyHost) -> None:
 def policy_export_state() -> Any:
     """Return the policy's state to persist, or ``None``.
 
-    Called after every change the host has applied (coalesced, off the reply
-    path). The value must be serializable by msgspec (Structs, dicts, lists,
-    strings, numbers). It is handed back, decoded as plain builtins, through
-    the ``saved_state`` argument of :func:`nri_synchronize` after a restart.
+    Called after every change the host has applied, before the reply that
+    announces it leaves (the host journals it: see :mod:`nri_framework.journal`),
+    so keep it cheap. The value must be serializable by msgspec (Structs,
+    dicts, lists, strings, numbers). It is handed back, decoded as plain
+    builtins, through the ``saved_state`` argument of :func:`nri_synchronize`
+    after a restart.
     """
 
 
 @hookspec(firstresult=True)
-def policy_reconfigure(config: str, source: str) -> list[Update] | None:
+def policy_prepare_config(config: str, source: str) -> Any:
+    """Parse and check a new configuration, before :func:`policy_reconfigure`.
+
+    The exception to the rules above: called in a worker thread of the host,
+    off the event loop, while NRI requests go on being answered, so that a
+    huge or slow text delays no reply. It must not change the policy's state
+    or touch anything the event hooks use; it may read what
+    :func:`policy_start` set up. The host gives up waiting after
+    ``PREPARE_TIMEOUT`` seconds; bound your own parsing in time too (the
+    thread cannot be stopped).
+
+    :param config: the configuration text.
+    :param source: where it came from, for messages.
+
+    Return what :func:`policy_reconfigure` gets as ``prepared``; raise
+    :class:`PolicyError` to reject the text.
+    """
+
+
+@hookspec(firstresult=True)
+def policy_reconfigure(config: str, source: str, prepared: Any) -> list[Update] | None:
     """A new configuration for the running policy (a reloaded ``--config-file``,
     or a custom resource the agent delivers).
 
     :param config: the configuration text.
     :param source: where it came from, for messages.
+    :param prepared: what :func:`policy_prepare_config` returned for this text
+        (``None`` when no plugin implements it: parse ``config`` here then).
 
     Raise :class:`PolicyError` to reject it: the running configuration must
     stay in force. Return the updates of the containers that moved; the host

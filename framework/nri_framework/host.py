@@ -2,13 +2,21 @@
 
 The stub hands the host typed requests; the host keeps its cache current,
 calls the policy's hooks through pluggy, records what was decided and
-persists it off the reply path. One policy is active at a time; other
+persists it before the reply leaves: one record appended to the decision
+journal per change, compacted into the snapshot off the reply path (see
+:mod:`nri_framework.journal`). One policy is active at a time; other
 registered plugins (observers) receive the notification hooks too.
+
+A new configuration is parsed and checked off the event loop (the policy's
+``policy_prepare_config`` in a worker thread, bounded by
+:data:`PREPARE_TIMEOUT`), then applied on it: a huge or slow configuration
+never delays an NRI reply.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -22,6 +30,7 @@ import pluggy
 
 from nri_framework import hookspecs
 from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, PolicyError, hookimpl
+from nri_framework.journal import COMPACT_BYTES, Decision, Journal
 from nri_framework.model import (
     Container,
     ContainerState,
@@ -38,15 +47,20 @@ from nri_framework.nri.versions import valid_events
 log = logging.getLogger("nri_framework.host")
 
 STATE_VERSION = 1
-#: Coalescing delay of state saves (seconds): saves stay off the reply path.
+#: Coalescing delay of snapshots (seconds): the compaction of the journal,
+#: off the reply path (the journal record is what is on the reply path).
 SAVE_DELAY = 0.05
+#: Seconds a new configuration may take to be parsed and checked off the loop.
+PREPARE_TIMEOUT = 30.0
 
 
 class SavedState(msgspec.Struct, kw_only=True):
-    """The state file: the cache as last decided, and the policy's own state."""
+    """The snapshot: the cache as last decided, and the policy's own state;
+    ``seq`` is the last journal record it holds."""
 
     version: int = STATE_VERSION
     policy: str = ""
+    seq: int = 0
     pods: dict[str, Pod] = {}
     containers: dict[str, Container] = {}
     policy_state: Any = None
@@ -71,12 +85,24 @@ class Cache:
     def __init__(self) -> None:
         self.pods: dict[str, Pod] = {}
         self.containers: dict[str, Container] = {}
+        #: what changed since the last journal record (ids), or everything
+        self.dirty_pods: set[str] = set()
+        self.dirty_containers: set[str] = set()
+        self.dirty_all = False
+
+    def replace(self, pods: list[Pod], containers: list[Container]) -> None:
+        """Everything the runtime reported (Synchronize)."""
+        self.pods = {p.id: p for p in pods}
+        self.containers = {c.id: c for c in containers}
+        self.dirty_all = True
 
     def put_pod(self, pod: Pod) -> None:
         self.pods[pod.id] = pod
+        self.dirty_pods.add(pod.id)
 
     def put_container(self, container: Container) -> None:
         self.containers[container.id] = container
+        self.dirty_containers.add(container.id)
 
     def record(self, container_id: str, resources: Resources | None) -> None:
         """Remember the cpuset/memset a decision gave ``container_id``."""
@@ -86,22 +112,56 @@ class Cache:
         cpu = resources.cpu
         if cpu.cpus or cpu.mems:
             c.resources = with_cpuset(c.resources, cpu.cpus, cpu.mems)
+            self.dirty_containers.add(container_id)
+
+    def set_state(self, container_id: str, state: ContainerState) -> None:
+        c = self.containers.get(container_id)
+        if c is not None:
+            c.state = state
+            self.dirty_containers.add(container_id)
+
+    @staticmethod
+    def _stored(c: Container) -> Container:
+        return msgspec.structs.replace(c, args=[], env=[])
 
     def snapshot(self) -> tuple[dict[str, Pod], dict[str, Container]]:
         """What to persist: everything but the bulky argv and environment."""
-        return dict(self.pods), {
-            cid: msgspec.structs.replace(c, args=[], env=[]) for cid, c in self.containers.items()
-        }
+        return dict(self.pods), {cid: self._stored(c) for cid, c in self.containers.items()}
+
+    def take_changes(self, seq: int) -> Decision:
+        """A journal record of what changed since the last one (and forget it)."""
+        if self.dirty_all:
+            pods, containers = self.snapshot()
+            d = Decision(seq=seq, reset=True, pods=dict(pods), containers=dict(containers))
+        else:
+            d = Decision(
+                seq=seq,
+                pods={pid: self.pods.get(pid) for pid in self.dirty_pods},
+                containers={
+                    cid: self._stored(c) if (c := self.containers.get(cid)) else None
+                    for cid in self.dirty_containers
+                },
+            )
+        self.clear_changes()
+        return d
+
+    def clear_changes(self) -> None:
+        self.dirty_pods.clear()
+        self.dirty_containers.clear()
+        self.dirty_all = False
 
     @hookimpl(trylast=True)
     def nri_remove_container(self, pod: Pod, container: Container) -> None:
         self.containers.pop(container.id, None)
+        self.dirty_containers.add(container.id)
 
     @hookimpl(trylast=True)
     def nri_remove_pod_sandbox(self, pod: Pod) -> None:
         self.pods.pop(pod.id, None)
+        self.dirty_pods.add(pod.id)
         for cid in [cid for cid, c in self.containers.items() if c.pod_sandbox_id == pod.id]:
             self.containers.pop(cid, None)
+            self.dirty_containers.add(cid)
 
 
 UpdateSender = Callable[[list[Update]], Awaitable[list[Update]]]
@@ -137,9 +197,19 @@ class PolicyHost:
         self.hook = self.pm.hook
         self._update_sender: UpdateSender | None = None
         self._save_handle: asyncio.Handle | None = None
+        self._save_urgent = False
         self._listeners: list[Callable[[], None]] = []
+        self.journal = (
+            Journal(self.state_dir / f"{policy_name}.journal") if self.state_dir else None
+        )
+        self._seq = 0
+        self._policy_state = b""  # the last one journaled, encoded
         self._saved = self._load_state()
         self.synchronized = False
+        #: configurations are prepared one at a time, in this one worker thread
+        self._preparer = concurrent.futures.ThreadPoolExecutor(1, "prepare-config")
+        self._reconfiguring = asyncio.Lock()
+        self.prepare_timeout = PREPARE_TIMEOUT
         self.hook.policy_start(host=self)
 
     # -- services for policies ---------------------------------------------
@@ -170,9 +240,8 @@ class PolicyHost:
             raise ConnectionError("not connected to an NRI runtime")
         for u in updates:
             self.cache.record(u.container_id, u.resources)
-        failed = await self._update_sender(updates)
-        self.changed()
-        return failed
+        self.changed()  # journaled before the runtime applies them
+        return await self._update_sender(updates)
 
     # -- the subscription ----------------------------------------------------
 
@@ -201,14 +270,16 @@ class PolicyHost:
         return self.event_mask(valid_events(runtime.name, runtime.version, runtime.nri_version))
 
     def synchronize(self, pods: list[Pod], containers: list[Container]) -> list[Update]:
-        self.cache.pods = {p.id: p for p in pods}
-        self.cache.containers = {c.id: c for c in containers}
-        saved = self._saved
+        # the state to keep: the saved one on the first Synchronize; after a
+        # reconnect (the runtime restarted, its containers did not) what this
+        # process decided since, not what it started with
+        if self.synchronized:
+            state = self.hook.policy_export_state()
+        else:
+            state = self._saved.policy_state if self._saved else None
+        self.cache.replace(pods, containers)
         updates = (
-            self.hook.nri_synchronize(
-                pods=pods, containers=containers, saved_state=saved.policy_state if saved else None
-            )
-            or []
+            self.hook.nri_synchronize(pods=pods, containers=containers, saved_state=state) or []
         )
         for u in updates:
             self.cache.record(u.container_id, u.resources)
@@ -278,9 +349,7 @@ class PolicyHost:
         return updates
 
     def stop_container(self, pod: Pod, container: Container) -> list[Update]:
-        cached = self.cache.containers.get(container.id)
-        if cached is not None:
-            cached.state = ContainerState.STOPPED
+        self.cache.set_state(container.id, ContainerState.STOPPED)
         updates = self.hook.nri_stop_container(pod=pod, container=container) or []
         for u in updates:
             self.cache.record(u.container_id, u.resources)
@@ -315,25 +384,64 @@ class PolicyHost:
 
     async def try_reconfigure(self, config: str, source: str) -> PolicyError | None:
         """:meth:`reconfigure`, returning the policy's rejection (``None`` when
-        applied): the agent reports its text in the custom resource's status."""
-        try:
-            updates = self.hook.policy_reconfigure(config=config, source=source) or []
-        except PolicyError as exc:
-            log.error(
-                "config update from %s failed, keeping the running configuration: %s", source, exc
+        applied): the agent reports its text in the custom resource's status.
+
+        The policy parses and checks the text off the event loop
+        (``policy_prepare_config``, in the host's one worker thread, at most
+        :attr:`prepare_timeout` seconds), then applies it on the loop
+        (``policy_reconfigure``). Reconfigurations run one at a time."""
+        async with self._reconfiguring:
+            try:
+                prepared = await self._prepare(config, source)
+                updates = (
+                    self.hook.policy_reconfigure(config=config, source=source, prepared=prepared)
+                    or []
+                )
+            except PolicyError as exc:
+                log.error(
+                    "config update from %s failed, keeping the running configuration: %s",
+                    source,
+                    exc,
+                )
+                return exc
+            log.info(
+                "config update from %s applied, %d container(s) to update", source, len(updates)
             )
-            return exc
-        log.info("config update from %s applied, %d container(s) to update", source, len(updates))
-        self.changed()
-        if updates and self._update_sender is not None:
-            failed = await self.update_containers(updates)
-            if failed:
-                log.warning("runtime failed to update %d container(s)", len(failed))
-        return None
+            self.changed()
+            if updates and self._update_sender is not None:
+                failed = await self.update_containers(updates)
+                if failed:
+                    log.warning("runtime failed to update %d container(s)", len(failed))
+            return None
+
+    async def _prepare(self, config: str, source: str) -> Any:
+        """``policy_prepare_config`` in the worker thread; its result, or
+        ``None`` when no policy prepares configurations (``policy_reconfigure``
+        parses on the loop then). Raises :class:`PolicyError`."""
+        if not self.hook.policy_prepare_config.get_hookimpls():
+            return None
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(
+            self._preparer, lambda: self.hook.policy_prepare_config(config=config, source=source)
+        )
+        try:
+            return await asyncio.wait_for(future, self.prepare_timeout)
+        except TimeoutError:
+            raise PolicyError(
+                f"configuration not checked in {self.prepare_timeout:g}s (too large or too complex)"
+            ) from None
+        except PolicyError:
+            raise
+        except Exception as exc:  # a policy bug must not take the process down
+            log.error("checking the configuration from %s failed", source, exc_info=exc)
+            raise PolicyError(f"invalid configuration: {type(exc).__name__}: {exc}") from None
 
     def shutdown(self) -> None:
         self.hook.policy_shutdown()
+        self._preparer.shutdown(wait=False, cancel_futures=True)
         self.save_now()
+        if self.journal is not None:
+            self.journal.close()
 
     # -- persistence ---------------------------------------------------------
 
@@ -341,7 +449,7 @@ class PolicyHost:
     def state_path(self) -> Path | None:
         return self.state_dir / f"{self.policy_name}.state.json" if self.state_dir else None
 
-    def _load_state(self) -> SavedState | None:
+    def _load_snapshot(self) -> SavedState | None:
         path = self.state_path
         if path is None or not path.exists():
             return None
@@ -355,33 +463,101 @@ class PolicyHost:
                 "ignoring state file %s of policy %r, version %d", path, state.policy, state.version
             )
             return None
-        log.info("loaded state of %d container(s) from %s", len(state.containers), path)
+        return state
+
+    def _load_state(self) -> SavedState | None:
+        """The snapshot with the journal's later records applied."""
+        state = self._load_snapshot()
+        replayed = 0
+        if self.journal is not None:
+            base = state or SavedState(policy=self.policy_name)
+            for d in self.journal.replay():
+                if d.seq <= base.seq:
+                    continue  # compacted already: the snapshot holds it
+                if d.reset:
+                    base.pods, base.containers = {}, {}
+                for pid, pod in d.pods.items():
+                    if pod is None:
+                        base.pods.pop(pid, None)
+                    else:
+                        base.pods[pid] = pod
+                for cid, ctr in d.containers.items():
+                    if ctr is None:
+                        base.containers.pop(cid, None)
+                    else:
+                        base.containers[cid] = ctr
+                policy_state = d.state()
+                if policy_state is not msgspec.UNSET:
+                    base.policy_state = policy_state
+                base.seq = d.seq
+                replayed += 1
+            if replayed:
+                state = base
+        if state is None:
+            return None
+        self._seq = state.seq
+        log.info(
+            "loaded state of %d container(s) from %s (%d journal record(s) after the snapshot)",
+            len(state.containers),
+            self.state_path,
+            replayed,
+        )
         return state
 
     def changed(self) -> None:
-        """Something worth persisting changed; save soon, after the reply is out."""
+        """Something worth persisting changed: journal it now (before the
+        reply that announces it), snapshot soon, after the reply is out."""
+        self._journal()
         for callback in self._listeners:
             try:
                 callback()
             except Exception:
                 log.exception("change listener failed")
-        if self.state_dir is None or self._save_handle is not None:
+        if self.state_dir is None:
+            return
+        urgent = self.journal is not None and self.journal.size > COMPACT_BYTES
+        if self._save_handle is not None and not (urgent and not self._save_urgent):
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.save_now()
             return
-        self._save_handle = loop.call_later(SAVE_DELAY, self.save_now)
+        if self._save_handle is not None:
+            self._save_handle.cancel()
+        # past COMPACT_BYTES: on the next turn of the loop (still after the reply)
+        if urgent:
+            self._save_handle = loop.call_soon(self.save_now)
+        else:
+            self._save_handle = loop.call_later(SAVE_DELAY, self.save_now)
+        self._save_urgent = urgent
+
+    def _journal(self) -> None:
+        """One record: the cache entries that changed, the policy's state if
+        it did (one small ``write(2)``; see :mod:`nri_framework.journal`)."""
+        if self.journal is None:
+            return
+        self._seq += 1
+        decision = self.cache.take_changes(self._seq)
+        policy_state = msgspec.msgpack.encode(self.hook.policy_export_state())
+        if policy_state != self._policy_state:
+            decision.policy_state = msgspec.Raw(policy_state)
+            self._policy_state = policy_state
+        self.journal.append(decision)
 
     def save_now(self) -> None:
+        """Write the snapshot, then empty the journal it holds."""
+        if self._save_handle is not None:
+            self._save_handle.cancel()
         self._save_handle = None
         path = self.state_path
         if path is None:
             return
         pods, containers = self.cache.snapshot()
+        self.cache.clear_changes()
         state = SavedState(
             policy=self.policy_name,
+            seq=self._seq,
             pods=pods,
             containers=containers,
             policy_state=self.hook.policy_export_state(),
@@ -396,3 +572,6 @@ class PolicyHost:
             log.error("failed to save state to %s: %s", path, exc)
             with contextlib.suppress(OSError):
                 tmp.unlink()
+            return
+        if self.journal is not None:
+            self.journal.reset()

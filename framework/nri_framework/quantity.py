@@ -28,6 +28,13 @@ _QUANTITY_RE = re.compile(
 )
 
 
+#: Largest decimal exponent (``e``/suffix) and number of digits taken: beyond
+#: them a quantity is refused, not computed (``1e999999999`` would take
+#: gigabytes). Kubernetes' own limit, ``2^63-1`` milli-units, is far inside.
+MAX_EXPONENT = 64
+MAX_DIGITS = 64
+
+
 class QuantityError(ValueError):
     """Text that is not a Kubernetes quantity."""
 
@@ -43,8 +50,13 @@ def parse_quantity(value: str | int | float) -> Fraction:
     m = _QUANTITY_RE.match(text.strip())
     if m is None:
         raise QuantityError(f"quantities must match the regular expression: {text!r}")
+    if len(m.group("num")) > MAX_DIGITS:
+        raise QuantityError(f"quantity too large: more than {MAX_DIGITS} digits")
     number = Fraction(m.group("num"))
     if m.group("exp"):
+        exp_text = m.group("exp")[1:].lstrip("+-").lstrip("0")
+        if len(exp_text) > 4 or int(exp_text or "0") > MAX_EXPONENT:
+            raise QuantityError(f"quantity out of range: exponent beyond +-{MAX_EXPONENT}")
         return number * Fraction(10) ** int(m.group("exp")[1:])
     suffix = m.group("suffix") or ""
     if suffix in _BINARY:

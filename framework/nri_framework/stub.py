@@ -383,16 +383,31 @@ class Session:
         return [convert.update_from_pb(u) for u in failed.failed]
 
 
-class PluginStub:
-    """Runs sessions with the runtime until stopped; reconnects in external mode."""
+Pause = Callable[[float], Coroutine[Any, Any, None]]
 
-    def __init__(self, host: PolicyHost, opts: StubOptions) -> None:
+
+class PluginStub:
+    """Runs sessions with the runtime until stopped; reconnects in external mode.
+
+    Between connection attempts it waits ``backoff_initial`` seconds, doubling
+    up to ``backoff_max`` while attempts fail; a connection that registered
+    (the runtime was there and took us) starts the doubling over. ``pause``
+    does the waiting (default: until the delay passed or :meth:`stop`)."""
+
+    def __init__(self, host: PolicyHost, opts: StubOptions, *, pause: Pause | None = None) -> None:
         opts.validate()
         self.host = host
         self.opts = opts
         self.session: Session | None = None
         self.stopping = asyncio.Event()
         self.connected = asyncio.Event()
+        self.pause: Pause = pause or self._pause
+        #: the last session got as far as a successful RegisterPlugin
+        self.registered = False
+
+    async def _pause(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), delay)
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.opts.fd is not None:
@@ -403,6 +418,7 @@ class PluginStub:
         return await asyncio.open_unix_connection(self.opts.socket_path)
 
     async def run_session(self) -> str:
+        self.registered = False
         reader, writer = await self._open()
         session = Session(self.host, self.opts, reader, writer)
         self.session = session
@@ -410,6 +426,7 @@ class PluginStub:
         reading = asyncio.create_task(session.read_loop())
         try:
             await session.register()
+            self.registered = True
             log.info("registered as %s-%s", self.opts.index, self.opts.name)
             self.connected.set()
             stop = asyncio.create_task(self.stopping.wait())
@@ -446,9 +463,10 @@ class PluginStub:
                 if not self.opts.reconnect:
                     log.error("lost NRI runtime: %s; exiting", reason)
                     return 1
+                if self.registered:  # it served: a new outage, not the old one going on
+                    backoff = self.opts.backoff_initial
                 log.warning("lost NRI runtime: %s; reconnecting in %.1fs", reason, backoff)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), backoff)
+            await self.pause(backoff)
             backoff = min(backoff * 2, self.opts.backoff_max)
         return 0
 

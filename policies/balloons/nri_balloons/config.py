@@ -20,6 +20,18 @@ each with ``SOURCE:LINE:COLUMN:`` and its field path:
 
 YAML syntax errors raise :class:`ConfigSyntaxError` with the position.
 
+The text may be hostile: nothing in it can make the loader recurse, allocate
+or compute without bound. A document nested deeper than :data:`MAX_DEPTH`,
+expanding (through aliases) to more than :data:`MAX_NODES` nodes, holding a
+recursive alias, or taking longer than its time budget to parse is a
+:class:`ConfigSyntaxError` with the position; a character YAML forbids (a NUL
+byte) too. Integers must fit Go's ``int`` (int64) and the counts of CPUs and
+balloons lie in ``0..8192`` (``cpuset.MAX_IDS``), reported in the API server's
+words with the position::
+
+    x.yaml:4:14: spec.balloonTypes[0].minCPUs: Invalid value: -5:
+    spec.balloonTypes[0].minCPUs in body should be greater than or equal to 0
+
 Defaults are the CRD's (what the API server fills in) and upstream's
 ``setOmittedDefaults``, the structs' field defaults:
 
@@ -38,12 +50,15 @@ from __future__ import annotations
 
 import difflib
 import enum
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 import msgspec.inspect as mi
 import yaml
+from nri_framework import cpuset
+from nri_framework.cpuset import MAX_IDS
 
 from nri_balloons.expression import Expression
 from nri_balloons.frequency import Frequency, FrequencyError
@@ -51,6 +66,18 @@ from nri_balloons.gofmt import list_v, quote
 
 API_VERSION = "config.nri/v1alpha1"
 KIND = "BalloonsPolicy"
+
+#: Nesting levels of a document (a real BalloonsPolicy uses about ten).
+MAX_DEPTH = 64
+#: Nodes of a text's documents, aliases expanded (a 4 MiB file holds fewer).
+MAX_NODES = 1 << 20
+#: Range of Go's ``int``, what upstream decodes integer fields into.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: A count of CPUs or balloons: no node has more CPUs than cpuset ids.
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_IDS)]
+#: An upper limit of CPUs or balloons: 0 is "unlimited"; a negative value is
+#: upstream's ``MinCpus (0) > MaxCpus (-1)`` error.
+Limit = Annotated[int, msgspec.Meta(le=MAX_IDS)]
 
 RESERVED = "reserved"
 DEFAULT = "default"
@@ -79,8 +106,8 @@ class BalloonType(_Obj):
     namespaces: list[str] = []
     group_by: str = ""
     match_expressions: list[Expression] = []
-    max_cpus: int = msgspec.field(default=0, name="maxCPUs")
-    min_cpus: int = msgspec.field(default=0, name="minCPUs")
+    max_cpus: Limit = msgspec.field(default=0, name="maxCPUs")
+    min_cpus: Count = msgspec.field(default=0, name="minCPUs")
     memory_types: list[str] = []
     pin_memory: bool | None = None
     allocator_priority: str = "high"
@@ -89,8 +116,8 @@ class BalloonType(_Obj):
     allocator_topology_balancing: bool | None = None
     cpu_class: str = ""
     loads: list[str] = []
-    min_balloons: int = 0
-    max_balloons: int = 0
+    min_balloons: Count = 0
+    max_balloons: Limit = 0
     prefer_spreading_pods: bool = False
     prefer_per_namespace_balloon: bool = False
     prefer_new_balloons: bool = False
@@ -343,6 +370,16 @@ def amount(constraints: dict[str, str], domain: str = "cpu") -> tuple[str, Amoun
     return value, AmountKind.QUANTITY
 
 
+def cpuset_error(amt: str, what: str, exc: cpuset.CpusetError) -> str:
+    """Upstream's text for a ``cpuset:`` amount of ``what`` (``reserved``,
+    ``available``) CPUs that does not parse."""
+    shown = cpuset.clip(amt)
+    return (
+        f"balloons: failed to parse {what} CPU cpuset '{shown}': "
+        f"failed to parse amount '{shown}' as cpuset: {exc}"
+    )
+
+
 # --- legacy control.cpu.classes ------------------------------------------------------
 
 
@@ -540,11 +577,34 @@ def schema_problems(obj: object, info: mi.Type, path: Path = ()) -> Iterator[Pro
                 yield Problem((*path, key), f"{format_path(path)}: key {key!r} is not a string")
             else:
                 yield from schema_problems(value, info.value_type, (*path, key))
+    elif isinstance(info, mi.IntType) and isinstance(obj, int):
+        yield from _int_problems(obj, info, path)
     elif isinstance(info, mi.CustomType) and info.cls is Frequency:
         try:
             Frequency.from_json(obj)
         except FrequencyError as exc:
             yield Problem(path, f"{format_path(path)}: {exc}")
+
+
+def _int_problems(value: int, info: mi.IntType, path: Path) -> Iterator[Problem]:
+    """An integer outside its field's bounds, or Go's int64, in the API server's words."""
+    at = format_path(path)
+    lo = info.ge if info.ge is not None else INT64_MIN
+    hi = info.le if info.le is not None else INT64_MAX
+    if lo <= value <= hi:
+        return
+    shown = str(value) if value.bit_length() < 256 else f"{str(value)[:20]}... (too large)"
+    if not INT64_MIN <= value <= INT64_MAX:
+        yield Problem(path, f"{at}: Invalid value: {shown}: {at} in body must be of type int64")
+    elif value < lo:
+        yield Problem(
+            path,
+            f"{at}: Invalid value: {shown}: {at} in body should be greater than or equal to {lo}",
+        )
+    else:
+        yield Problem(
+            path, f"{at}: Invalid value: {shown}: {at} in body should be less than or equal to {hi}"
+        )
 
 
 # --- positions ------------------------------------------------------------------------
@@ -570,6 +630,25 @@ def _locate(node: yaml.Node | None, path: Path, *, at_key: bool) -> tuple[int, i
         else:
             break
     return at.start_mark.line + 1, at.start_mark.column + 1
+
+
+def _amount_problems(spec: object, path: Path) -> Iterator[Problem]:
+    """``cpuset:`` amounts of ``reservedResources``/``availableResources`` that
+    do not parse, CPU ids out of range included: reported while the positions
+    are known, in upstream's words."""
+    if not isinstance(spec, dict):
+        return
+    for key, what in (("reservedResources", "reserved"), ("availableResources", "available")):
+        resources = spec.get(key)
+        value = resources.get("cpu") if isinstance(resources, dict) else None
+        if not isinstance(value, str):
+            continue
+        amt, kind = amount({"cpu": value})
+        if kind in (AmountKind.CPUSET, AmountKind.EXCLUDE_CPUSET):
+            try:
+                cpuset.parse(amt)
+            except cpuset.CpusetError as exc:
+                yield Problem((*path, key, "cpu"), cpuset_error(amt, what, exc))
 
 
 def _dec_hook(tp: type, obj: Any) -> Any:
@@ -607,6 +686,10 @@ def decode_policy(
             if key in doc and doc[key] != want:
                 problems.append(Problem((key,), f"{key} {quote(str(doc[key]))} is not {want}"))
     problems.extend(schema_problems(doc, mi.type_info(target)))
+    if target is BalloonsPolicy:
+        problems.extend(_amount_problems(doc.get("spec"), ("spec",)))
+    else:
+        problems.extend(_amount_problems(doc, ()))
     if problems:
         raise ConfigError([where(p) for p in problems])
     try:
@@ -622,7 +705,110 @@ def decode_policy(
 # --- YAML text --------------------------------------------------------------------------
 
 
-def _yaml_error(source: str, exc: yaml.YAMLError) -> str:
+#: Seconds a text may take to parse (a 4 MiB file takes a few on a busy node).
+PARSE_TIMEOUT = 10.0
+#: Digits of an integer scalar (Python refuses to convert more than 4300).
+MAX_INT_DIGITS = 80
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounds: its composer recurses once per
+    nesting level, so depth is checked before each level; every 512 nodes it
+    looks at the clock; integer scalars are refused before conversion when
+    longer than :data:`MAX_INT_DIGITS`."""
+
+    def __init__(self, text: str, timeout: float | None, clock: Callable[[], float]) -> None:
+        self.timeout = timeout
+        self.clock = clock
+        self.deadline = None if timeout is None else clock() + timeout
+        self.depth = 0
+        self.composed = 0
+        super().__init__(text)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+        self.composed += 1
+        if self.depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"document nested deeper than {MAX_DEPTH} levels", mark
+            )
+        if self.deadline is not None and self.composed % 512 == 0 and self.clock() > self.deadline:
+            raise yaml.composer.ComposerError(
+                None, None, f"document takes longer than {self.timeout:g}s to parse", mark
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        if len(node.value) > MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"integer of more than {MAX_INT_DIGITS} digits", node.start_mark
+            )
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_expansion(root: yaml.Node, budget: int) -> int:
+    """Aliases share nodes: the document they expand to must stay within
+    :data:`MAX_DEPTH` and ``budget`` nodes (a "billion laughs" text is small),
+    and must not contain itself; returns its size. Iterative: the check must
+    not recurse either."""
+    size: dict[int, tuple[int, int]] = {}  # id -> (nodes, depth) once done
+    open_: set[int] = set()  # on the current path
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_.discard(key)
+            kids = [size[id(k)] for k in _children(node)]
+            nodes = 1 + sum(n for n, _ in kids)
+            depth = 1 + max((d for _, d in kids), default=0)
+            if nodes > budget or depth > MAX_DEPTH:
+                what = f"{MAX_NODES} nodes" if nodes > budget else f"{MAX_DEPTH} levels"
+                raise yaml.composer.ComposerError(
+                    None, None, f"aliases expand the document beyond {what}", node.start_mark
+                )
+            size[key] = (nodes, depth)
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            raise yaml.composer.ComposerError(
+                None, None, "recursive alias: a node contains itself", node.start_mark
+            )
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in size)
+    return size[id(root)][0]
+
+
+def _position(text: str, index: int) -> tuple[int, int]:
+    """1-based line and column of character ``index``."""
+    line = text.count("\n", 0, index) + 1
+    return line, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
+def _yaml_error(source: str, exc: yaml.YAMLError, text: str) -> str:
+    if isinstance(exc, yaml.reader.ReaderError):  # a forbidden character: no mark
+        line, column = _position(text, exc.position)
+        char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        return (
+            f"{source}:{line}:{column}: invalid YAML: unacceptable character {char}: {exc.reason}"
+        )
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
     problem = getattr(exc, "problem", None) or str(exc)
@@ -630,28 +816,43 @@ def _yaml_error(source: str, exc: yaml.YAMLError) -> str:
     return f"{where}: invalid YAML: {context + ', ' if context else ''}{problem}"
 
 
-def parse_yaml(text: str, *, source: str = "<config>") -> list[tuple[object, yaml.Node]]:
-    """The non-empty documents of a YAML text with their composed nodes."""
-    loader = yaml.SafeLoader(text)
+def parse_yaml(
+    text: str,
+    *,
+    source: str = "<config>",
+    timeout: float | None = PARSE_TIMEOUT,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[tuple[object, yaml.Node]]:
+    """The non-empty documents of a YAML text with their composed nodes.
+
+    Raises :class:`ConfigSyntaxError` for text that is not YAML or is beyond
+    the bounds (depth, size, ``timeout`` seconds of ``clock``)."""
     docs: list[tuple[object, yaml.Node]] = []
+    nodes = 0  # of every document: MAX_NODES is for the whole text
+    loader: _BoundedLoader | None = None
     try:
+        loader = _BoundedLoader(text, timeout, clock)  # checks the characters
         while loader.check_node():
             node = loader.get_node()
             if node is None:
                 continue
+            nodes += _check_expansion(node, MAX_NODES - nodes)
             doc = loader.construct_document(node)
             if doc is not None:
                 docs.append((doc, node))
     except yaml.YAMLError as exc:
-        raise ConfigSyntaxError([_yaml_error(source, exc)]) from None
+        raise ConfigSyntaxError([_yaml_error(source, exc, text)]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return docs
 
 
-def load_policy(text: str, *, source: str = "<config>") -> BalloonsPolicy:
+def load_policy(
+    text: str, *, source: str = "<config>", timeout: float | None = PARSE_TIMEOUT
+) -> BalloonsPolicy:
     """Parse and decode a YAML text holding exactly one ``BalloonsPolicy`` (or spec)."""
-    docs = parse_yaml(text, source=source)
+    docs = parse_yaml(text, source=source, timeout=timeout)
     if len(docs) != 1:
         raise ConfigSyntaxError([f"{source}: expected one YAML document, found {len(docs)}"])
     doc, node = docs[0]

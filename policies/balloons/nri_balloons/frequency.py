@@ -65,8 +65,10 @@ class Frequency(int):
                 f"invalid frequency {quote(s)}: expected number with optional unit "
                 "(GHz, MHz, kHz) or symbolic name (min, base, turbo)"
             )
-        val = float(m.group(1))
-        khz = _round_half_away(val * _SCALE[(m.group(2) or "").lower()])
+        val = float(m.group(1)) * _SCALE[(m.group(2) or "").lower()]
+        if not val < _SYMBOLS["min"]:  # inf for hundreds of digits: no int of it
+            raise FrequencyError(f"invalid frequency {quote(s)}: value out of range")
+        khz = _round_half_away(val)
         if khz == 0 and val > 0:
             raise FrequencyError(
                 f"invalid frequency {quote(s)}: value too small to represent in kHz"

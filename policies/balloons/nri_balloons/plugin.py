@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 from nri_framework import cpuset
+from nri_framework.configfile import ConfigFileError, read_config_file
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.model import (
@@ -54,8 +54,18 @@ RETRY_MIN = 0.5
 RETRY_MAX = 10.0
 """Seconds between background commits while the SST helper is away (doubling)."""
 ALL_LOGGERS = ("policy", "cpuclass", "nri_framework")
+MAX_REPORTED = 20
+"""Errors (and warnings) of one configuration that are reported."""
 
 log = logging.getLogger("policy")
+
+
+def first_few(messages: list[str], limit: int = MAX_REPORTED) -> list[str]:
+    """At most ``limit`` messages and a count of the rest: a hostile file can
+    make thousands, and each lands in a log line or a custom resource's status."""
+    if len(messages) <= limit:
+        return messages
+    return [*messages[:limit], f"... and {len(messages) - limit} more"]
 
 
 class Balloons:
@@ -170,19 +180,21 @@ class Balloons:
     # -- configuration -----------------------------------------------------------
 
     def prepare(self, text: str, source: str) -> PreparedConfig:
-        """Parse and validate a configuration; raises PolicyError with every error."""
+        """Parse and validate a configuration; raises PolicyError with every error.
+
+        Reads nothing but the topology: safe in the host's worker thread
+        (:meth:`policy_prepare_config`). Parsing is bounded in depth, size
+        and time (:func:`~nri_balloons.config.load_policy`)."""
         assert self.policy is not None
         try:
             doc = load_policy(text, source=source)
         except ConfigError as exc:
-            raise PolicyError(str(exc)) from None
+            raise PolicyError("\n".join(first_few(exc.errors))) from None
         result = validate(doc, online_cpus=self.policy.topology.online)
-        for warning in result.warnings:
-            log.warning("%s", warning)
-        for warning in unimplemented(doc.spec):
+        for warning in first_few([*result.warnings, *unimplemented(doc.spec)]):
             log.warning("%s", warning)
         if result.prepared is None:
-            raise PolicyError("; ".join(result.errors))
+            raise PolicyError("; ".join(first_few(result.errors)))
         return result.prepared
 
     def debug_loggers(self, names: list[str]) -> None:
@@ -230,7 +242,9 @@ class Balloons:
             finally:
                 self.commit()
 
-    def reconfigure(self, text: str, source: str) -> list[Update]:
+    def reconfigure(
+        self, text: str, source: str, prepared: PreparedConfig | None = None
+    ) -> list[Update]:
         """A new configuration for the running plugin (what the agent delivers
         when the BalloonsPolicy changes); the updates of the containers it moved.
 
@@ -238,7 +252,8 @@ class Balloons:
         cannot set up (``balloons: config update failed: ...``); the running
         configuration stays then."""
         assert self.policy is not None and self.host is not None
-        prepared = self.prepare(text, source)
+        if prepared is None:
+            prepared = self.prepare(text, source)
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
         pods = self.host.pods
@@ -257,9 +272,15 @@ class Balloons:
         return self._updates()
 
     @hookimpl
-    def policy_reconfigure(self, config: str, source: str) -> list[Update]:
+    def policy_prepare_config(self, config: str, source: str) -> PreparedConfig:
+        return self.prepare(config, source)
+
+    @hookimpl
+    def policy_reconfigure(
+        self, config: str, source: str, prepared: PreparedConfig | None
+    ) -> list[Update]:
         log.info("configuration update")
-        updates = self.reconfigure(config, source)
+        updates = self.reconfigure(config, source, prepared)
         log.info("config updated successfully")
         return updates
 
@@ -283,7 +304,11 @@ class Balloons:
         self.policy.cpu_classes.pct.hold = True
         path = host.options.get("config_file")
         if path:
-            self.apply(self.prepare(Path(path).read_text(), str(path)))
+            try:
+                text = read_config_file(str(path))
+            except ConfigFileError as exc:
+                raise PolicyError(str(exc)) from None
+            self.apply(self.prepare(text, str(path)))
         log.info("balloons policy started")
 
     @hookimpl

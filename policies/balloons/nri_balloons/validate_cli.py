@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import TextIO
 
 from nri_framework import cpuset
+from nri_framework.configfile import (
+    MAX_CONFIG_BYTES,
+    ConfigFileError,
+    decode_text,
+    read_config_file,
+)
 
 from nri_balloons.config import KIND, ConfigError, ConfigSyntaxError, decode_policy, parse_yaml
 from nri_balloons.gofmt import quote
@@ -89,9 +95,14 @@ def _read_node(args: argparse.Namespace) -> _Node:
 
 
 def _read_text(name: str) -> str:
-    if name == "-":
-        return sys.stdin.read()
-    return Path(name).read_text()
+    """The file's text, read as the plugin reads ``--config-file``: a regular
+    file of at most 4 MiB of UTF-8 (stdin: the same size and encoding)."""
+    if name != "-":
+        return read_config_file(name)
+    data = sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigFileError(f"<stdin>: larger than {MAX_CONFIG_BYTES} bytes")
+    return decode_text(data, "<stdin>")
 
 
 def _plural(n: int, word: str) -> str:
@@ -163,7 +174,10 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None) -> int:
         return EXIT_UNREADABLE
     try:
         text = _read_text(args.file)
-    except (OSError, UnicodeDecodeError) as exc:
+    except ConfigFileError as exc:  # names the file (and the line of a bad byte)
+        print(f"nri-resource-policy validate: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    except OSError as exc:
         print(f"nri-resource-policy validate: cannot read {source}: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
     try:

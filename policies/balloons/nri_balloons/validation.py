@@ -32,8 +32,7 @@ Deliberate differences (the issue's bug fixes):
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -50,6 +49,7 @@ from nri_balloons.config import (
     BalloonType,
     CPUClass,
     amount,
+    cpuset_error,
     merge_legacy_cpu_classes,
 )
 from nri_balloons.expression import ExpressionError
@@ -60,6 +60,9 @@ POLICY = "balloons: "
 INVALID = POLICY + "invalid configuration: "
 VIRT_DEV_RESERVED_CPUS = "reserved CPUs"
 PODRES_PREFIX = "podresourceapi:"
+#: Levels of composite balloons in composite balloons (ours: the policy builds
+#: them recursively, and a chain of thousands of types must not reach it).
+MAX_COMPOSITION_DEPTH = 32
 
 ALLOCATOR_PRIORITIES = ("high", "normal", "low", "none")
 TOPOLOGY_LEVELS = ("", "system", "package", "die", "numa", "l2cache", "core", "thread")
@@ -240,10 +243,7 @@ class _Validator:
         try:
             return cpuset.parse(amt)
         except cpuset.CpusetError as exc:
-            self.errors.append(
-                POLICY + f"failed to parse {what} CPU cpuset '{amt}': "
-                f"failed to parse amount '{amt}' as cpuset: {exc}"
-            )
+            self.errors.append(cpuset_error(amt, what, exc))
             return None
 
     def allowed_cpus(self) -> int | None:
@@ -481,16 +481,32 @@ class _Validator:
         self.compositions(composites, seen)
 
     def compositions(self, composites: dict[str, BalloonType], defined: set[str]) -> None:
-        def circular(name: str, seen: Counter[str]) -> str | None:
-            if seen[name] > 0:
-                return name
-            seen[name] += 1
+        def parts(name: str) -> list[str]:
             comp_def = composites.get(name)
-            for comp in comp_def.components if comp_def else ():
-                found = circular(comp.balloon_type, seen)
-                if found is not None:
-                    return found
-            seen[name] -= 1
+            return [c.balloon_type for c in comp_def.components] if comp_def else []
+
+        clean: set[str] = set()  # explored without finding a loop: never leads to one
+
+        def circular(start: str) -> str | None:
+            """The first type met twice on a path from ``start`` (upstream's
+            depth-first order); iterative and linear: a chain of thousands of
+            types does not recurse, shared components are explored once."""
+            if start in clean:
+                return None
+            on_path = {start}
+            stack = [(start, iter(parts(start)))]
+            while stack:
+                name, todo = stack[-1]
+                part = next(todo, None)
+                if part is None:
+                    stack.pop()
+                    on_path.discard(name)
+                    clean.add(name)
+                elif part in on_path:
+                    return part
+                elif part not in clean:
+                    on_path.add(part)
+                    stack.append((part, iter(parts(part))))
             return None
 
         reported: set[str] = set()
@@ -506,10 +522,36 @@ class _Validator:
                         f"balloon type {quote(comp.balloon_type)} in composite balloon"
                         f" {quote(name)} is not defined in balloonTypes"
                     )
-            loop = circular(name, Counter())
+            loop = circular(name)
             if loop is not None and loop not in reported:
                 reported.add(loop)
                 self.bln(f"circular composition detected in composite balloon {quote(loop)}")
+        if not reported:
+            self.composition_depth(composites, parts)
+
+    def composition_depth(
+        self, composites: dict[str, BalloonType], parts: Callable[[str], list[str]]
+    ) -> None:
+        """Composites of composites at most MAX_COMPOSITION_DEPTH levels deep
+        (the policy builds them recursively); the graph has no loops here."""
+        depth: dict[str, int] = {}
+        for start in composites:
+            stack = [(start, False)]
+            while stack:
+                name, done = stack.pop()
+                if name in depth:
+                    continue
+                if done:
+                    depth[name] = 1 + max((depth[p] for p in parts(name)), default=0)
+                    continue
+                stack.append((name, True))
+                stack.extend((p, False) for p in parts(name) if p not in depth)
+            if depth[start] > MAX_COMPOSITION_DEPTH:
+                self.bln(
+                    f"composite balloon {quote(start)} nests components deeper than"
+                    f" {MAX_COMPOSITION_DEPTH} levels"
+                )
+                return
 
     # -- cpuClasses (policy.ValidateCPUClasses) -----------------------------------------
 

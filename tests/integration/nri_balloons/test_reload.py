@@ -5,13 +5,14 @@ with upstream's text and the running configuration stays."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
 
 from nri_framework import cpuset
 from nri_framework.model import Container, CpuResources, Pod, Resources
-from nri_framework.simulate.runtime import SimulatedRuntime
+from nri_framework.simulate.runtime import NriError, SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess
 from nri_framework.simulate.sysfs import write_topology
 
@@ -61,4 +62,125 @@ async def test_sighup_reload(tmp_path: Path) -> None:
             assert cpuset.parse(rt.container(c.id).cpus).bit_count() == 3
             assert plugin.proc.returncode is None
         finally:
+            await plugin.stop()
+
+
+# --- reloads that must not stop the event loop --------------------------------------------
+
+#: Small, valid YAML that costs a while to check (a second or so): 10000
+#: aliases of one balloon type expand to half a million nodes (within the
+#: loader's bounds); it is rejected in the end (10000 types named "t").
+SLOW = (
+    "reservedResources: {cpu: 'cpuset:0'}\nballoonTypes: [&t {name: t, namespaces: ["
+    + ",".join(f"n{i}" for i in range(48))
+    + "]}, "
+    + ", ".join(["*t"] * 10_000)
+    + "]\n"
+)
+
+
+class Churn:
+    """Creates and removes containers back to back, as a busy node does; keeps
+    when each create was answered and how long it took."""
+
+    def __init__(self, rt: SimulatedRuntime, pod_id: str) -> None:
+        self.rt, self.pod_id = rt, pod_id
+        self.answered: list[float] = []
+        self.errors: list[str] = []
+        self.stopping = False
+        self.task = asyncio.create_task(self.run())
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        n = 0
+        while not self.stopping:
+            n += 1
+            cpu = CpuResources(shares=512)
+            shared = Container(id="", name=f"churn{n}", resources=Resources(cpu=cpu))
+            try:
+                c = await self.rt.create_container(self.pod_id, shared)
+            except NriError as exc:
+                self.errors.append(str(exc))
+                await asyncio.sleep(0.01)
+                continue
+            self.answered.append(loop.time())
+            if not c.cpus:
+                self.errors.append(f"{c.name} not pinned (the plugin was dropped?)")
+            await self.rt.remove_container(c.id)
+            await asyncio.sleep(0.002)  # (without a plugin the simulator never yields)
+
+    async def stop(self) -> None:
+        # a flag, not cancel(): Python 3.11's wait_for can swallow a cancellation
+        self.stopping = True
+        await asyncio.wait_for(self.task, 10)
+
+
+async def test_reloads_of_a_fifo_a_huge_and_a_slow_file_keep_creates_answered(
+    tmp_path: Path,
+) -> None:
+    write_topology(tmp_path / "host", "n4c16")
+    cfg = tmp_path / "balloons.yaml"
+    cfg.write_text(CONFIG % (1, 4))
+    sock = tmp_path / "nri.sock"
+    cmd = [sys.executable, "-m", "nri_framework", "run", "--policy", "balloons",
+           "--nri-socket", str(sock), "--host-root", str(tmp_path / "host"),
+           "--state-dir", str(tmp_path / "state"), "--config-file", str(cfg)]  # fmt: skip
+    async with SimulatedRuntime(sock) as rt:
+        plugin = await PluginProcess.launch(cmd)
+        churn = None
+        try:
+            await rt.wait_plugins(1, 20)
+            pod = await rt.run_pod(Pod(id="", name="p", uid="u", namespace="default",
+                                       cgroup_parent="/kubepods/burstable/podu"))  # fmt: skip
+            c = await rt.create_container(
+                pod.id,
+                Container(id="", name="c", resources=Resources(cpu=CpuResources(shares=512))),
+            )
+            assert cpuset.parse(rt.container(c.id).cpus).bit_count() == 1
+            churn = Churn(rt, pod.id)
+            loop = asyncio.get_running_loop()
+            rejected = 0
+            for what, make, message in (
+                ("fifo", lambda: os.mkfifo(cfg), f"{cfg}: not a regular file"),
+                (
+                    "huge",
+                    lambda: cfg.write_bytes(b"#" * (50 << 20)),
+                    f"{cfg}: 52428800 bytes, larger than 4194304 bytes",
+                ),
+                ("slow", lambda: cfg.write_text(SLOW), "two balloon types with the same name"),
+            ):
+                cfg.unlink()
+                make()
+                start = loop.time()
+                plugin.proc.send_signal(signal.SIGHUP)
+                rejected += 1
+                await plugin.wait_output(
+                    "keeping the running configuration", timeout=60, count=rejected
+                )
+                assert message in plugin.output(), what
+                if what == "slow":
+                    # creates were answered while the file was checked (about
+                    # 30 here); on the loop none could be, but the one in
+                    # flight and one the plugin read before the signal (2)
+                    during = [t for t in churn.answered if t > start]
+                    assert len(during) >= 10, len(during)
+            await churn.stop()
+            times = rt.call_times("CreateContainer")
+            assert max(times) < 1.0, sorted(times)[-5:]  # liveness: every create answered
+            assert not churn.errors, churn.errors[:3]
+            # the running configuration stayed (minCPUs 1, maxCPUs 4), the plugin too
+            assert cpuset.parse(rt.container(c.id).cpus).bit_count() == 1
+            assert [p.pid for p in rt.plugins] == [plugin.proc.pid]
+            cfg.unlink()
+            cfg.write_text(CONFIG % (3, 4))
+            plugin.proc.send_signal(signal.SIGHUP)
+            await plugin.wait_output("config update from", timeout=30, count=rejected + 1)
+            for _ in range(100):
+                if cpuset.parse(rt.container(c.id).cpus).bit_count() == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert cpuset.parse(rt.container(c.id).cpus).bit_count() == 3, plugin.output()
+        finally:
+            if churn is not None:
+                await churn.stop()
             await plugin.stop()

@@ -43,3 +43,20 @@ def test_roundtrip(ids: set[int]) -> None:
 @given(st.sets(st.integers(0, 300), max_size=50), st.integers(0, 60))
 def test_lowest(ids: set[int], n: int) -> None:
     assert cpuset.ids(cpuset.lowest(cpuset.from_ids(ids), n)) == sorted(ids)[:n]
+
+
+@pytest.mark.parametrize("huge", ["0-99999999999", "0-999999999", "8192", "5,0-8192"])
+def test_parse_bounds_ids_before_building_the_mask(huge: str) -> None:
+    # without the bound, "0-99999999999" raised MemoryError and "0-999999999"
+    # took 900 MB building a mask
+    with pytest.raises(cpuset.CpusetError, match="out of range 0-8191"):
+        cpuset.parse(huge)
+    assert cpuset.parse("8191") == 1 << 8191
+    with pytest.raises(cpuset.CpusetError, match="out of range 0-3"):
+        cpuset.parse("0-4", limit=4)
+
+
+def test_parse_error_text_is_bounded() -> None:
+    with pytest.raises(cpuset.CpusetError) as exc:
+        cpuset.parse("0," * 1_000_000 + "x")
+    assert len(str(exc.value)) < 300
