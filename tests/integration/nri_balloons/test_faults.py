@@ -231,6 +231,9 @@ class Suite:
                 affected.add(balloon[name])
             if op == "create" and name not in before and name in now:
                 affected.add(now[name])
+        # so may a container the killed plugin never placed (the churn went on
+        # while it was down: the runtime created it unpinned)
+        affected |= {bln for name, bln in now.items() if name not in balloon}
         for name, (_, cpus) in sorted(before.items()):
             if balloon.get(name) in affected or now.get(name) in affected:
                 continue
