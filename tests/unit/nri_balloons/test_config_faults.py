@@ -124,17 +124,13 @@ def test_a_chain_of_composite_types_does_not_recurse() -> None:
 
 
 def test_shared_components_are_explored_once() -> None:
-    # each type has two components of the next: 2^40 paths walked one by one
+    # each type has two components of the next and no loop: 2^30 paths for a
+    # walk that does not remember what it explored
     two = "components: [{{balloonType: c{0}}}, {{balloonType: c{0}}}]"
     text = RES + "balloonTypes:\n"
-    text += "".join(f"- {{name: c{i}, {two.format(i + 1)}}}\n" for i in range(40))
-    text += "- {name: c40, components: [{balloonType: c0}]}\n"
-    result = validate(load_policy(text), online_cpus=None)
-    assert result.errors[0] == (
-        "balloons: invalid configuration: balloons: circular composition detected in composite"
-        ' balloon "c0"'
-    )
-    assert len(result.errors) == 41
+    text += "".join(f"- {{name: c{i}, {two.format(i + 1)}}}\n" for i in range(30))
+    text += "- {name: c30}\n"
+    assert validate(load_policy(text), online_cpus=None).ok
 
 
 def test_quantities_and_frequencies_out_of_range() -> None:
