@@ -539,7 +539,11 @@ class PolicyHost:
             return
         self._seq += 1
         decision = self.cache.take_changes(self._seq)
-        policy_state = msgspec.msgpack.encode(self.hook.policy_export_state())
+        try:
+            policy_state = msgspec.msgpack.encode(self.hook.policy_export_state())
+        except (msgspec.EncodeError, TypeError, OverflowError) as exc:  # a policy bug
+            log.error("cannot journal the policy's state: %s", exc)
+            policy_state = self._policy_state
         if policy_state != self._policy_state:
             decision.policy_state = msgspec.Raw(policy_state)
             self._policy_state = policy_state
@@ -575,3 +579,4 @@ class PolicyHost:
             return
         if self.journal is not None:
             self.journal.reset()
+            self._policy_state = b""  # each journal carries the policy's state again

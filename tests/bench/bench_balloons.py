@@ -8,6 +8,11 @@ set they are also written there for ``report.py``).
   dual-socket Xeon 6776P topology with 500 running containers in 60 balloons,
   timed over create/remove cycles; the same at 16 (n4c16), 256 (Xeon) and
   4096 CPUs (s8c4k-like, every CPU online) to show how it grows;
+* the cost of the durable save: the same decision with a state directory,
+  where every decision is appended to the decision journal before it returns
+  (and compacted into the snapshot off the reply path), beside the one
+  without; and the CreateContainer round trip with ``--state-dir ''`` (no
+  persistence) beside the default;
 * end to end: the plugin process driven by the runtime simulator over a unix
   socket: CreateContainer round trip, Synchronize of 1000 containers, RSS.
 
@@ -69,22 +74,38 @@ def guaranteed(i: int, n: int = 1) -> Container:
     return Container(id=f"c{i}", pod_sandbox_id=f"p{i}", name="ctr", resources=Resources(cpu=cpu))
 
 
-def host_for(root: Path, config: Path) -> PolicyHost:
+def host_for(root: Path, config: Path, state: Path | None = None) -> PolicyHost:
     return PolicyHost(
-        "balloons", Balloons(), options={"config_file": str(config)}, host_root=str(root)
+        "balloons",
+        Balloons(),
+        options={"config_file": str(config)},
+        host_root=str(root),
+        state_dir=state,
     )
 
 
-def decision(spec: TopologySpec, existing: int, groups: int, cycles: int) -> tuple[float, float]:
+def decision(
+    spec: TopologySpec, existing: int, groups: int, cycles: int, *, durable: bool = False
+) -> tuple[float, float]:
+    """Seconds of ``create_container`` (p50, p99); ``durable``: with a state
+    directory, in an event loop that runs the snapshots between decisions as
+    the plugin's does."""
+    return asyncio.run(_decision(spec, existing, groups, cycles, durable))
+
+
+async def _decision(
+    spec: TopologySpec, existing: int, groups: int, cycles: int, durable: bool
+) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "host"
         write_topology(root, spec)
         config = Path(tmp) / "config.yaml"
         config.write_text(CONFIG)
-        host = host_for(root, config)
+        host = host_for(root, config, Path(tmp) / "state" if durable else None)
         host.synchronize([], [])
         for i in range(existing):
             host.create_container(pod(i, i % groups), burstable(i))
+        await asyncio.sleep(0.1)  # the snapshot of the set-up
         times = []
         for k in range(cycles):
             i = 100_000 + k
@@ -93,10 +114,16 @@ def decision(spec: TopologySpec, existing: int, groups: int, cycles: int) -> tup
             host.create_container(p, c)
             times.append(time.perf_counter() - t0)
             host.stop_container(p, c)
+            await asyncio.sleep(0)  # the loop turns between requests: compaction
+        host.shutdown()
         return pct(times, 0.5), pct(times, 0.99)
 
 
-async def end_to_end(creates: int, existing: int, sync_n: int) -> dict[str, float]:
+async def end_to_end(
+    creates: int, existing: int, sync_n: int, *, durable: bool = True
+) -> dict[str, float]:
+    """Round trips of CreateContainer (and, with ``sync_n``, a Synchronize);
+    without ``durable`` the plugin runs with ``--state-dir ''``."""
     with tempfile.TemporaryDirectory(prefix="nri-bench-") as tmp:
         work = Path(tmp)
         host = work / "host"
@@ -104,9 +131,8 @@ async def end_to_end(creates: int, existing: int, sync_n: int) -> dict[str, floa
         config = work / "config.yaml"
         config.write_text(CONFIG)
         paths = ScenarioPaths(work, work / "nri.sock", host, work / "state")
-        cmd = plugin_command(
-            "balloons", paths, ["--config-file", str(config)], exit_on_disconnect=False
-        )
+        extra = ["--config-file", str(config)] + ([] if durable else ["--state-dir", ""])
+        cmd = plugin_command("balloons", paths, extra, exit_on_disconnect=False)
         rt = SimulatedRuntime(paths.socket)
         await rt.start()
         plugin = await PluginProcess.launch(cmd)
@@ -125,6 +151,8 @@ async def end_to_end(creates: int, existing: int, sync_n: int) -> dict[str, floa
                 await rt.remove_container(c.id)
             times = rt.call_times("CreateContainer")[base:]
             out["rt_p50"], out["rt_p99"] = pct(times, 0.5), pct(times, 0.99)
+            if not sync_n:
+                return out
             # Synchronize: the runtime restarts holding sync_n containers
             for i in range(existing, sync_n):
                 p = await rt.run_pod(pod(i, i % 60))
@@ -149,6 +177,7 @@ def main() -> int:
     rows: list[Figure] = []
     xeon = "6776P, 500 containers / 60 balloons"
     p50, p99 = decision(XEON_6776P, 500, 60, args.cycles)
+    plain_p50 = p50
     rows.append(Figure("balloons.decision_p50", f"balloons decision p50, {xeon}", p50 * 1e3, "ms"))
     rows.append(
         Figure("balloons.decision_p99", f"balloons decision p99, {xeon}", p99 * 1e3, "ms", 2)
@@ -164,8 +193,38 @@ def main() -> int:
                 note="grows no faster than the CPU count",
             )
         )
+    p50_j, p99_j = decision(XEON_6776P, 500, 60, args.cycles, durable=True)
+    rows.append(
+        Figure(
+            "balloons.decision_p50_journal",
+            f"balloons decision p50 with the decision journal, {xeon}",
+            p50_j * 1e3,
+            "ms",
+            note=f"journal append: {(p50_j - plain_p50) * 1e6:+.0f} us",
+        )
+    )
+    rows.append(
+        Figure(
+            "balloons.decision_p99_journal",
+            f"balloons decision p99 with the decision journal, {xeon}",
+            p99_j * 1e3,
+            "ms",
+            2,
+        )
+    )
     e2e = asyncio.run(end_to_end(args.cycles, 500, 1000))
+    bare = asyncio.run(end_to_end(args.cycles, 500, 0, durable=False))
     sim = "through the simulator, 6776P"
+    for q in ("p50", "p99"):
+        rows.append(
+            Figure(
+                f"balloons.rt_{q}_no_state",
+                f"balloons round trip {q} {sim}, --state-dir '' (no durable save)",
+                bare[f"rt_{q}"] * 1e3,
+                "ms",
+                note=f"the durable save adds {(e2e[f'rt_{q}'] - bare[f'rt_{q}']) * 1e3:+.2f} ms",
+            )
+        )
     rows.append(
         Figure("balloons.rt_p50", f"balloons round trip p50 {sim}", e2e["rt_p50"] * 1e3, "ms")
     )

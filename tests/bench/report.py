@@ -30,6 +30,7 @@ EXPECTED = {
     "nri.sync_1000": ("bench_nri.py", "pinner: Synchronize of 1000 containers"),
     "balloons.decision_p99": ("bench_balloons.py", "balloons decision p99"),
     "balloons.rt_p99": ("bench_balloons.py", "balloons round trip p99"),
+    "balloons.decision_p99_journal": ("bench_balloons.py", "balloons decision p99, journaled"),
     "balloons.sync_1000": ("bench_balloons.py", "balloons Synchronize of 1000 containers"),
     "balloons.plugin_rss": ("bench_balloons.py", "plugin RSS"),
     "cputree.resize_p50_256cpus_target": ("bench_cputree.py", "CPU tree resize at 256 CPUs"),

@@ -589,22 +589,14 @@ def schema_problems(obj: object, info: mi.Type, path: Path = ()) -> Iterator[Pro
 def _int_problems(value: int, info: mi.IntType, path: Path) -> Iterator[Problem]:
     """An integer outside its field's bounds, or Go's int64, in the API server's words."""
     at = format_path(path)
-    lo = info.ge if info.ge is not None else INT64_MIN
-    hi = info.le if info.le is not None else INT64_MAX
-    if lo <= value <= hi:
-        return
     shown = str(value) if value.bit_length() < 256 else f"{str(value)[:20]}... (too large)"
-    if not INT64_MIN <= value <= INT64_MAX:
-        yield Problem(path, f"{at}: Invalid value: {shown}: {at} in body must be of type int64")
-    elif value < lo:
-        yield Problem(
-            path,
-            f"{at}: Invalid value: {shown}: {at} in body should be greater than or equal to {lo}",
-        )
-    else:
-        yield Problem(
-            path, f"{at}: Invalid value: {shown}: {at} in body should be less than or equal to {hi}"
-        )
+    invalid = f"{at}: Invalid value: {shown}: {at} in body"
+    if info.le is not None and value > info.le:
+        yield Problem(path, f"{invalid} should be less than or equal to {info.le}")
+    elif info.ge is not None and value < info.ge:
+        yield Problem(path, f"{invalid} should be greater than or equal to {info.ge}")
+    elif not INT64_MIN <= value <= INT64_MAX:
+        yield Problem(path, f"{invalid} must be of type int64")
 
 
 # --- positions ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from nri_framework import cpuset
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import NriError, SimulatedRuntime
@@ -184,3 +185,73 @@ async def test_reloads_of_a_fifo_a_huge_and_a_slow_file_keep_creates_answered(
             if churn is not None:
                 await churn.stop()
             await plugin.stop()
+
+
+#: (file content, the error the plugin logs, after ``FILE:``)
+BAD: list[tuple[bytes, str]] = [
+    (b"reservedResources: {cpu: 'cpuset:0-99999999999'}\n",
+     "1:26: balloons: failed to parse reserved CPU cpuset '0-99999999999'"),
+    (b"reservedResources: {cpu: 'cpuset:0'}\nx: " + b"[" * 10000 + b"]" * 10000 + b"\n",
+     "2:67: invalid YAML: document nested deeper than 64 levels"),
+    (b"reservedResources: {cpu: 'cpuset:0'}\nballoonTypes: [{name: \"a\0\"}]\n",
+     "2:25: invalid YAML: unacceptable character #x0000"),
+    (b"reservedResources: {cpu: 'cpuset:0'}\nballoonTypes: [{name: \"\xff\"}]\n",
+     "2:24: not UTF-8 text (byte 0xff)"),
+    (b"reservedResources: {cpu: 'cpuset:0'}\nballoonTypes:\n- name: work\n"
+     b"  maxCPUs: 100000000000000000000000000\n",
+     "4:12: balloonTypes[0].maxCPUs: Invalid value: 100000000000000000000000000:"),
+    (b"reservedResources: {cpu: 'cpuset:0'}\nballoonTypes:\n- name: work\n  minCPUs: -5\n",
+     "4:12: balloonTypes[0].minCPUs: Invalid value: -5:"),
+]  # fmt: skip
+
+
+async def test_invalid_files_are_rejected_with_their_position(tmp_path: Path) -> None:
+    write_topology(tmp_path / "host", "n4c16")
+    cfg = tmp_path / "balloons.yaml"
+    cfg.write_text(CONFIG % (1, 4))
+    sock = tmp_path / "nri.sock"
+    cmd = [sys.executable, "-m", "nri_framework", "run", "--policy", "balloons",
+           "--nri-socket", str(sock), "--host-root", str(tmp_path / "host"),
+           "--state-dir", str(tmp_path / "state"), "--config-file", str(cfg)]  # fmt: skip
+    async with SimulatedRuntime(sock) as rt:
+        plugin = await PluginProcess.launch(cmd)
+        try:
+            await rt.wait_plugins(1, 20)
+            pod = await rt.run_pod(Pod(id="", name="p", uid="u", namespace="default",
+                                       cgroup_parent="/kubepods/burstable/podu"))  # fmt: skip
+            shared = Resources(cpu=CpuResources(shares=512))
+            c = await rt.create_container(pod.id, Container(id="", name="c", resources=shared))
+            for n, (data, message) in enumerate(BAD, 1):
+                cfg.write_bytes(data)
+                plugin.proc.send_signal(signal.SIGHUP)
+                await plugin.wait_output("keeping the running configuration", timeout=20, count=n)
+                line = [ln for ln in plugin.tail if "keeping the running configuration" in ln][-1]
+                assert f"{cfg}:{message}" in line, line
+                # the running configuration (minCPUs 1) places the next container
+                d = await rt.create_container(
+                    pod.id, Container(id="", name=f"d{n}", resources=shared)
+                )
+                assert cpuset.parse(d.cpus).bit_count() == 1
+                await rt.remove_container(d.id)
+            assert cpuset.parse(rt.container(c.id).cpus).bit_count() == 1
+            assert [p.pid for p in rt.plugins] == [plugin.proc.pid]
+            assert "Traceback" not in plugin.output()
+        finally:
+            await plugin.stop()
+
+
+@pytest.mark.parametrize(("data", "message"), BAD[:1] + BAD[-1:])
+async def test_invalid_file_at_start_is_an_error_line(
+    tmp_path: Path, data: bytes, message: str
+) -> None:
+    write_topology(tmp_path / "host", "n4c16")
+    cfg = tmp_path / "balloons.yaml"
+    cfg.write_bytes(data)
+    cmd = [sys.executable, "-m", "nri_framework", "run", "--policy", "balloons",
+           "--nri-socket", str(tmp_path / "nri.sock"), "--host-root", str(tmp_path / "host"),
+           "--state-dir", str(tmp_path / "state"), "--config-file", str(cfg)]  # fmt: skip
+    plugin = await PluginProcess.launch(cmd)
+    assert await asyncio.wait_for(plugin.proc.wait(), 20) == 1
+    await plugin.stop()
+    assert f"cannot start policy balloons: {cfg}:{message}" in plugin.output()
+    assert "Traceback" not in plugin.output()

@@ -24,7 +24,7 @@ async def test_sigkill_restart_keeps_every_cpuset() -> None:
         before = n.all_cpus()
         await asyncio.sleep(0.3)  # the state file is written off the reply path
         n.plugin.kill()
-        await n.plugin.proc.wait()
+        await n.plugin.stop()  # reaped and its pipe drained (no transport left behind)
         state = n.host_root.parent / "state"
         cmd = plugin_command(n.rt.socket_path, n.host_root, state, n.config)
         n.plugin = await PluginProcess.launch(cmd)
@@ -36,6 +36,7 @@ async def test_sigkill_restart_keeps_every_cpuset() -> None:
         # and it goes on placing: a new pod still works
         await n.create("pod4.yaml")
         assert n.cpus("pod4c0")
+        await n.plugin.stop()  # node() stops the plugin it started, not this one
 
 
 # --- SIGKILL the instant the runtime has the reply ---------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +178,66 @@ def test_export_state_is_builtins(tmp_path: Path) -> None:
     host.create_container(Pod(id="p"), guaranteed("a", 1))
     state: Any = host.hook.policy_export_state()
     assert state == {"exclusive": {"a": "7"}}
+
+
+# --- configurations are prepared off the event loop ----------------------------------
+
+
+class SlowToCheck:
+    """A stand-in policy (ours, small): its check waits for ``release`` and
+    notes the thread; ``policy_reconfigure`` records what it applied."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.checked_in: list[int] = []
+        self.applied: list[Any] = []
+
+    @hookimpl
+    def policy_prepare_config(self, config: str, source: str) -> Any:
+        self.checked_in.append(threading.get_ident())
+        if config == "bug":
+            raise ValueError("a bug in the check")
+        self.release.wait(10)
+        return {"checked": config}
+
+    @hookimpl
+    def policy_reconfigure(self, config: str, source: str, prepared: Any) -> list[Any]:
+        self.applied.append(prepared)
+        return []
+
+
+async def test_configuration_is_checked_off_the_loop_within_a_bound() -> None:
+    policy = SlowToCheck()
+    host = PolicyHost("t", policy)
+    host.prepare_timeout = 0.5
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    beating = asyncio.create_task(ticker())
+    try:
+        rejected = await host.try_reconfigure("x", "file")
+    finally:
+        beating.cancel()
+    assert str(rejected) == "configuration not checked in 0.5s (too large or too complex)"
+    assert ticks > 5  # the loop went on while the check hung
+    assert policy.checked_in and policy.checked_in[0] != threading.get_ident()
+    assert policy.applied == []  # the running configuration stays
+    policy.release.set()
+    assert await host.try_reconfigure("y", "file") is None
+    assert policy.applied == [{"checked": "y"}]
+    host.shutdown()
+
+
+async def test_a_failing_check_is_a_rejection(caplog: pytest.LogCaptureFixture) -> None:
+    policy = SlowToCheck()
+    host = PolicyHost("t", policy)
+    rejected = await host.try_reconfigure("bug", "file")
+    assert str(rejected) == "invalid configuration: ValueError: a bug in the check"
+    assert "keeping the running configuration" in caplog.text
+    assert policy.applied == []
+    host.shutdown()
