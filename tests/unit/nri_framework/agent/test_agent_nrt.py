@@ -152,6 +152,7 @@ def test_step_6_5_queries() -> None:
 
 def test_valid_against_the_crd_schema() -> None:
     import jsonschema
+
     crd = yaml.safe_load(CRD.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2")
     schema = version["schema"]["openAPIV3Schema"]
