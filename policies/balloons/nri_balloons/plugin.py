@@ -160,6 +160,10 @@ class Balloons:
             while True:
                 if await self._exchange(handler.commit_steps(CONFIG_TIMEOUT)):
                     if not handler.unsettled():
+                        # PCT is settled now: what the agent publishes from it
+                        # (extended resources, NRT) is due again
+                        if self.host is not None:
+                            self.host.changed()
                         return
                     continue  # decisions taken meanwhile
                 await asyncio.sleep(delay)

@@ -754,6 +754,39 @@ async def test_a_new_configuration_stops_the_background() -> None:
         plugin.policy_shutdown()
 
 
+async def test_a_settled_background_has_the_agent_publish_again() -> None:
+    """Extended resources are "no opinion" while PCT waits for the helper: once
+    the background has programmed SST, the host's listeners (the agent's NRT
+    and extended-resource publishers) are told, or the node keeps what it had
+    during the outage."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    plugin = Balloons()
+    host = PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    plugin.policy.cpu_classes.pct.hold = False
+    calls: list[object] = []
+    try:
+        helper.down = True
+        plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
+        assert plugin.background is not None
+        assert plugin.policy.extended_resources() is None  # waiting for the helper
+        host.add_listener(lambda: calls.append(plugin.policy.extended_resources()))
+        helper.down = False
+        for _ in range(150):  # its retry comes after 0.5 s
+            if plugin.background is None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin.background is None and not handler.unsettled()
+        assert calls and calls[-1] is not None  # an opinion now: PCT is active
+    finally:
+        plugin.policy_shutdown()
+
+
 # -- CLOS is per core (issue #10) --------------------------------------------------------
 #
 # SST associates whole cores: a thread cannot be on another CLOS than its sibling.
