@@ -3,7 +3,7 @@
 - the checked-in modules match what scripts/genproto.py produces from proto/;
 - golden wire bytes for the NRI messages we send (verified against containerd);
 - descriptor names, RPC sets, enum values and key field numbers match the NRI
-  reference (docs: /work/shared/reference/nri-protocol.md, sections A1 and A4).
+  reference (shared/reference/nri-protocol.md, sections A1 and A4).
 """
 
 from __future__ import annotations
