@@ -22,6 +22,8 @@ from nri_sst import messages as m
 from nri_sst.client import SyncHelperClient
 from sst_node import Node, node
 
+DATA = Path(__file__).resolve().parents[2] / "data" / "balloons"
+
 SIM = {
     "packages": 2,
     "punits_per_package": 1,
@@ -34,20 +36,7 @@ SIM = {
     "lp_clip_mhz": 2900,
 }
 
-CONFIG = """
-reservedResources: {cpu: "cpuset:0"}
-pinCPU: true
-balloonTypes:
-- name: hp-bln
-  cpuClass: pct-hp
-  preferNewBalloons: true
-- name: lp-bln
-  cpuClass: pct-lp
-  preferNewBalloons: true
-cpuClasses:
-- {name: pct-hp, pctPriority: high, pctMinFreq: turbo, pctMaxFreq: turbo}
-- {name: pct-lp, pctPriority: low, pctMinFreq: min, pctMaxFreq: base}
-"""
+CONFIG = (DATA / "pct16-cores" / "balloons-config.yaml").read_text()
 
 CPUS = range(16)
 _LISTENING = re.compile(r"instrumentation HTTP endpoint listening on 127\.0\.0\.1:(\d+) ")

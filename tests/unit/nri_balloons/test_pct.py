@@ -38,6 +38,8 @@ from nri_sst.handler import RequestHandler
 
 SPEC = Path(__file__).parents[3] / "examples" / "pct-managed" / "balloons-pct-managed.yaml"
 
+DATA = Path(__file__).resolve().parents[2] / "data" / "balloons"
+
 
 _ROOT: list[Path] = []
 
@@ -805,20 +807,7 @@ SIM16 = SimConfig(
     lp_clip_mhz=2900,
 )
 
-CORES = """
-reservedResources: {cpu: "cpuset:0"}
-pinCPU: true
-balloonTypes:
-- name: hp-bln
-  cpuClass: pct-hp
-  preferNewBalloons: true
-- name: lp-bln
-  cpuClass: pct-lp
-  preferNewBalloons: true
-cpuClasses:
-- {name: pct-hp, pctPriority: high, pctMinFreq: turbo, pctMaxFreq: turbo}
-- {name: pct-lp, pctPriority: low, pctMinFreq: min, pctMaxFreq: base}
-"""
+CORES = (DATA / "pct16-cores" / "balloons-config.yaml").read_text()
 
 CLASS_CLOS = {"pct-hp": 0, "pct-lp": 3}
 """The CLOS each class asks for; CPUs of other classes and idle ones follow the
