@@ -1,26 +1,37 @@
 #!/usr/bin/env python3
-"""A private, throw-away containerd 1.7 (with NRI enabled) for end-to-end tests.
+"""A private, throw-away containerd (1.7 or 2.1, with NRI enabled) for end-to-end tests.
 
 Stdlib only.  Usable both as a module (``ContainerdEnv``) and as a tool::
 
-    python tests/e2e/containerd_env.py fetch [--cache DIR]
-    python tests/e2e/containerd_env.py up    [--cache DIR] --work DIR
+    python tests/e2e/containerd_env.py fetch [--cache DIR] [--runtime containerd-2.1]
+    python tests/e2e/containerd_env.py up    [--cache DIR] [--runtime ...] --work DIR
     python tests/e2e/containerd_env.py down  --work DIR
+
+The runtimes (:data:`RUNTIMES`), each unpacked in its own cache directory
+(:func:`runtime_cache`):
+
+* ``containerd-1.7``: containerd 1.7 (NRI 0.6.1) from Debian **trixie**, in ``CACHE``
+  itself (the layout of before the matrix);
+* ``containerd-2.1``: containerd 2.1 (NRI 0.8.0) from Debian **sid**, in
+  ``CACHE/containerd-2.1``.
 
 Where the pieces come from (nothing is installed into the system):
 
-* ``containerd`` 1.7 and ``busybox-static`` from Debian **trixie**, fetched with a
+* ``containerd`` and ``busybox-static`` from the runtime's Debian suite, fetched with a
   private ``APT_CONFIG`` so the system's APT sources and lists stay untouched;
-* ``runc`` from the system's own (bookworm) sources: trixie's runc needs a newer
-  glibc than bookworm has;
-* every ``.deb`` is unpacked with ``dpkg -x`` into ``CACHE/root``;
+* ``runc`` from the system's own (bookworm) sources, for both: trixie's and sid's runc
+  need a newer glibc than bookworm has (and both containerds' runc shims drive it);
+* every ``.deb`` is unpacked with ``dpkg -x`` into ``<runtime cache>/root``;
 * two images are built locally as OCI-layout tarballs from the static busybox
   (no registry is reachable): ``BUSYBOX_IMAGE`` (cmd ``sh``) and ``PAUSE_IMAGE``
   (``registry.k8s.io/pause:3.8``, cmd ``/bin/sleep inf``), imported with
   ``ctr -n k8s.io images import`` at start.
 
+The config is the one of the binary found (``containerd --version``): version 2 with
+the 1.x plugin ids for 1.x, version 3 with the split CRI plugins for 2.x.
+
 The daemon keeps root/state/sockets under ``work_dir``.  Runc's state is moved under
-``work_dir`` too (runc option ``Root``).  A few things containerd 1.7 puts outside
+``work_dir`` too (runc option ``Root``).  A few things containerd puts outside
 anyway (``/run/containerd/{s,fifo,runc}``, cgroups ``kubepods``/``k8s.io`` in every
 hierarchy) are recorded before start and removed again by ``stop()``.
 
@@ -40,6 +51,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,7 +61,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _TESTS = Path(__file__).resolve().parents[1]
 if str(_TESTS) not in sys.path:
@@ -66,8 +78,31 @@ DEFAULT_CACHE = Path(
 )
 
 TRIXIE_SOURCE = debian_source("trixie")
-TRIXIE_PACKAGES = ("containerd", "busybox-static")
 SYSTEM_PACKAGES = ("runc",)
+
+
+class Runtime(NamedTuple):
+    """One containerd of the matrix: where it comes from, where it is cached."""
+
+    id: str
+    #: the Debian suite its packages come from
+    suite: str
+    #: its cache directory under the e2e cache ("": the cache itself)
+    subdir: str
+    #: ``major.minor`` its containerd package must have (a moved suite fails loudly)
+    series: str
+    packages: tuple[str, ...] = ("containerd", "busybox-static")
+
+
+RUNTIMES = {
+    rt.id: rt
+    for rt in (
+        Runtime("containerd-1.7", "trixie", "", "1.7"),
+        Runtime("containerd-2.1", "sid", "containerd-2.1", "2.1"),
+    )
+}
+DEFAULT_RUNTIME = "containerd-1.7"
+RUNTIME_FILE = "runtime.json"
 
 # cgroup directory names (top level of each hierarchy) that containerd/CRI/runc create
 CGROUP_NAMES = ("kubepods", "k8s.io")
@@ -75,6 +110,9 @@ RUN_CONTAINERD = Path("/run/containerd")
 RUN_SUBDIRS = ("s", "fifo", "runc")
 
 STATE_FILE = "env-state.json"
+#: the end of containerd's log line when the CRI plugin did not load (1.7 and 2.x)
+CRI_LOAD_FAILED = re.compile(r'msg="failed to load plugin".* id=io\.containerd\.grpc\.v1\.cri ')
+
 
 
 class EnvError(RuntimeError):
@@ -93,9 +131,31 @@ def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 # --------------------------------------------------------------------------- fetch
 
 
-def _apt_config(cache: Path) -> Path:
-    """The private trixie APT configuration under ``cache/apt`` (see :mod:`_debian`)."""
-    return apt_config(cache / "apt", TRIXIE_SOURCE)
+def _apt_config(cache: Path, suite: str = "trixie") -> Path:
+    """The private APT configuration of ``suite`` under ``cache/apt`` (see :mod:`_debian`)."""
+    return apt_config(cache / "apt", debian_source(suite))
+
+
+def runtime_cache(cache: Path | str, runtime: str = DEFAULT_RUNTIME) -> Path:
+    """The cache directory of ``runtime`` under the e2e cache ``cache``."""
+    rt = _runtime(runtime)
+    base = Path(cache).expanduser().resolve()
+    return base / rt.subdir if rt.subdir else base
+
+
+def _runtime(runtime: str) -> Runtime:
+    try:
+        return RUNTIMES[runtime]
+    except KeyError:
+        raise EnvError(f"unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}") from None
+
+
+def cached_runtime(cache: Path) -> Runtime:
+    """The runtime ``fetch`` put into ``cache`` (a cache of before the matrix: 1.7)."""
+    try:
+        return _runtime(json.loads((cache / RUNTIME_FILE).read_text())["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return RUNTIMES[DEFAULT_RUNTIME]
 
 
 def _find_file(
@@ -120,32 +180,47 @@ def _debs(cache: Path, pkg: str) -> list[Path]:
     return sorted((cache / "debs").glob(f"{pkg}_*.deb"))
 
 
-def fetch(cache: Path | str = DEFAULT_CACHE, *, quiet: bool = False) -> dict[str, Path]:
-    """Download and unpack everything into ``cache``; build the images.  Idempotent."""
+def fetch(
+    cache: Path | str = DEFAULT_CACHE, *, runtime: str | None = None, quiet: bool = False
+) -> dict[str, Path]:
+    """Download and unpack ``runtime`` into ``cache`` (that runtime's own cache
+    directory, see :func:`runtime_cache`); build the images.  Idempotent.
+
+    ``runtime`` None: the one fetched into ``cache`` before (default 1.7)."""
     cache = Path(cache).expanduser().resolve()
+    rt = _runtime(runtime) if runtime else cached_runtime(cache)
     say = (lambda m: None) if quiet else _log
     debdir = cache / "debs"
     debdir.mkdir(parents=True, exist_ok=True)
+    (cache / RUNTIME_FILE).write_text(json.dumps({"id": rt.id, "suite": rt.suite}) + "\n")
     if os.geteuid() != 0:
         # apt-get download works as a user, but nothing else here does
         say("warning: not root; containerd will not be usable")
 
-    missing_trixie = [p for p in TRIXIE_PACKAGES if not _debs(cache, p)]
-    if missing_trixie:
-        conf = _apt_config(cache)
+    missing = [p for p in rt.packages if not _debs(cache, p)]
+    if missing:
+        conf = _apt_config(cache, rt.suite)
         env = apt_env(conf)
         if not any((cache / "apt" / "lists").glob("*Packages*")):
-            say("apt-get update (private trixie sources)")
+            say(f"apt-get update (private {rt.suite} sources)")
             _run(["apt-get", "update", "-q"], env=env)
-        say(f"apt-get download (trixie) {' '.join(missing_trixie)}")
+        say(f"apt-get download ({rt.suite}) {' '.join(missing)}")
         try:
-            _run(["apt-get", "download", "-q", *missing_trixie], cwd=debdir, env=env)
+            _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env)
         except EnvError:
-            say("download failed; refreshing the private trixie lists and retrying")
+            say(f"download failed; refreshing the private {rt.suite} lists and retrying")
             _run(["apt-get", "update", "-q"], env=env)
-            _run(["apt-get", "download", "-q", *missing_trixie], cwd=debdir, env=env)
+            _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env)
     else:
-        say(f"cached: {', '.join(p.name for t in TRIXIE_PACKAGES for p in _debs(cache, t))}")
+        say(f"cached: {', '.join(p.name for t in rt.packages for p in _debs(cache, t))}")
+    ctd = _debs(cache, "containerd")
+    # containerd_2.1.9~ds1-1_amd64.deb: the suite moved on when this is not rt.series
+    got = ctd[-1].name.split("_")[1].split(":")[-1] if ctd else ""
+    if not got.startswith(rt.series + "."):
+        raise EnvError(
+            f"{rt.id}: Debian {rt.suite} has containerd {got or '(none)'}, not {rt.series}.x; "
+            f"update RUNTIMES in {Path(__file__).name}"
+        )
 
     missing_sys = [p for p in SYSTEM_PACKAGES if not _debs(cache, p)]
     if missing_sys:
@@ -163,7 +238,7 @@ def fetch(cache: Path | str = DEFAULT_CACHE, *, quiet: bool = False) -> dict[str
     # unpack: redo it when the set of .debs differs from what was unpacked
     root = cache / "root"
     stamp = cache / "root.stamp"
-    debs = sorted(p.name for pkg in (*TRIXIE_PACKAGES, *SYSTEM_PACKAGES) for p in _debs(cache, pkg))
+    debs = sorted(p.name for pkg in (*rt.packages, *SYSTEM_PACKAGES) for p in _debs(cache, pkg))
     if not (
         stamp.is_file() and stamp.read_text().split() == debs and all(_binaries(cache).values())
     ):
@@ -533,7 +608,7 @@ def _kill(pids: list[int], sig: int) -> None:
 
 
 class ContainerdEnv:
-    """A containerd 1.7 daemon with NRI enabled, everything under ``work_dir``.
+    """A containerd daemon (1.7 or 2.x) with NRI enabled, everything under ``work_dir``.
 
     >>> env = ContainerdEnv(cache_dir, work_dir); env.start()
     >>> env.cri_socket, env.nri_socket, env.log_path, env.log_text()
@@ -546,12 +621,18 @@ class ContainerdEnv:
         work_dir: Path | str = "",
         *,
         log_level: str = "info",
+        request_timeout: str = "2s",
+        registration_timeout: str = "5s",
     ) -> None:
+        """``request_timeout``/``registration_timeout``: containerd's
+        ``plugin_request_timeout``/``plugin_registration_timeout`` (Go durations)."""
         if not work_dir:
             raise ValueError("work_dir is required")
         self.cache_dir = Path(cache_dir or DEFAULT_CACHE).expanduser().resolve()
         self.work_dir = Path(work_dir).expanduser().resolve()
         self.log_level = log_level
+        self.request_timeout = request_timeout
+        self.registration_timeout = registration_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_fh: io.BufferedWriter | None = None
         self.bins: dict[str, Path] = {}
@@ -624,22 +705,52 @@ class ContainerdEnv:
         (self.work_dir / STATE_FILE).write_text(json.dumps(st, indent=1))
 
     # ---- config
-    def config_toml(self) -> str:
-        w = self.work_dir
-        empty_cni = w / "cni"
+    def containerd_version(self) -> str:
+        """What the binary says it is (``containerd --version``: ``2.1.9+unknown``)."""
+        if not self.bins:
+            self.bins = {k: v for k, v in _binaries(self.cache_dir).items() if v}
+        out = _run([str(self.bins["containerd"]), "--version"]).stdout.split()
+        if len(out) < 3:
+            raise EnvError(f"unexpected `containerd --version` output: {out}")
+        return out[2]
+
+    def _nri_section(self, q: str) -> str:
         return f"""\
-version = 2
+  [plugins.{q}io.containerd.nri.v1.nri{q}]
+    disable = false
+    disable_connections = false
+    socket_path = "{self.nri_socket}"
+    plugin_path = "{self.nri_plugin_path}"
+    plugin_config_path = "{self.nri_plugin_config_path}"
+    plugin_registration_timeout = "{self.registration_timeout}"
+    plugin_request_timeout = "{self.request_timeout}"
+"""
+
+    def _runc_section(self, runtimes: str) -> str:
+        return f"""\
+      [{runtimes}.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [{runtimes}.runc.options]
+          SystemdCgroup = false
+          Root = "{self.runc_root}"
+          BinaryName = "{self.bins.get("runc", "runc")}"
+"""
+
+    def config_toml(self) -> str:
+        """The config of the binary found: version 3 for containerd 2.x, else version 2."""
+        major = int(self.containerd_version().split(".")[0])
+        return self._config_v3() if major >= 2 else self._config_v2()
+
+    def _head(self, version: int, disabled: tuple[str, ...]) -> str:
+        w = self.work_dir
+        plugins = "".join(f'  "{p}",\n' for p in disabled)
+        return f"""\
+version = {version}
 root = "{w}/root"
 state = "{w}/state"
 oom_score = 0
 disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing",
-]
+{plugins}]
 
 [grpc]
   address = "{self.cri_socket}"
@@ -654,15 +765,88 @@ disabled_plugins = [
   [plugins."io.containerd.internal.v1.opt"]
     path = "{w}/opt"
 
-  [plugins."io.containerd.nri.v1.nri"]
-    disable = false
-    disable_connections = false
-    socket_path = "{self.nri_socket}"
-    plugin_path = "{self.nri_plugin_path}"
-    plugin_config_path = "{self.nri_plugin_config_path}"
-    plugin_registration_timeout = "5s"
-    plugin_request_timeout = "2s"
+"""
 
+    def _config_v3(self) -> str:
+        """containerd 2.x: CRI split into ``io.containerd.cri.v1.runtime`` (the runtimes,
+        CNI, ``restrict_oom_score_adj``), ``io.containerd.cri.v1.images`` (snapshotter,
+        the sandbox image as ``pinned_images.sandbox``, registry) and
+        ``io.containerd.grpc.v1.cri`` (the server: streaming, TCP service)."""
+        w = self.work_dir
+        empty_cni = w / "cni"
+        rt = '[plugins."io.containerd.cri.v1.runtime"'
+        head = self._head(
+            3,
+            (
+                "io.containerd.snapshotter.v1.btrfs",
+                "io.containerd.snapshotter.v1.devmapper",
+                "io.containerd.snapshotter.v1.zfs",
+                "io.containerd.snapshotter.v1.erofs",
+                "io.containerd.snapshotter.v1.blockfile",
+                "io.containerd.differ.v1.erofs",
+                "io.containerd.tracing.processor.v1.otlp",
+                "io.containerd.internal.v1.tracing",
+            ),
+        )
+        return (
+            head.replace('version = 3\n', f'version = 3\ntemp = "{w}/tmp"\n', 1)
+            + self._nri_section('"')
+            + f"""
+  [plugins."io.containerd.cri.v1.runtime"]
+    restrict_oom_score_adj = true
+    disable_apparmor = true
+    enable_selinux = false
+    enable_cdi = false
+
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["{empty_cni}/bin"]
+      conf_dir = "{empty_cni}/net.d"
+      max_conf_num = 1
+
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+"""
+            + self._runc_section(rt[1:] + ".containerd.runtimes")
+            + f"""
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "{PAUSE_IMAGE}"
+    [plugins."io.containerd.cri.v1.images".registry]
+      config_path = ""
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+
+  [plugins."io.containerd.transfer.v1.local"]
+    config_path = ""
+
+  [plugins."io.containerd.image-verifier.v1.bindir"]
+    bin_dir = "{w}/image-verifier/bin"
+"""
+        )
+
+    def _config_v2(self) -> str:
+        """containerd 1.x: one ``io.containerd.grpc.v1.cri`` plugin."""
+        w = self.work_dir
+        empty_cni = w / "cni"
+        head = self._head(
+            2,
+            (
+                "io.containerd.snapshotter.v1.aufs",
+                "io.containerd.snapshotter.v1.btrfs",
+                "io.containerd.snapshotter.v1.devmapper",
+                "io.containerd.snapshotter.v1.zfs",
+                "io.containerd.tracing.processor.v1.otlp",
+                "io.containerd.internal.v1.tracing",
+            ),
+        )
+        return (
+            head
+            + self._nri_section('"')
+            + f"""
   [plugins."io.containerd.grpc.v1.cri"]
     sandbox_image = "{PAUSE_IMAGE}"
     restrict_oom_score_adj = true
@@ -681,16 +865,13 @@ disabled_plugins = [
     [plugins."io.containerd.grpc.v1.cri".containerd]
       snapshotter = "overlayfs"
       default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = false
-          Root = "{self.runc_root}"
-          BinaryName = "{self.bins.get("runc", "runc")}"
-
+"""
+            + self._runc_section('plugins."io.containerd.grpc.v1.cri".containerd.runtimes')
+            + """
     [plugins."io.containerd.grpc.v1.cri".registry]
       config_path = ""
 """
+        )
 
     def _env(self) -> dict[str, str]:
         dirs = []
@@ -800,6 +981,9 @@ disabled_plugins = [
                 )
             if self.cri_socket.exists() and cri_version_probe(self.cri_socket):
                 return
+            if CRI_LOAD_FAILED.search(self.log_text()):
+                # containerd serves on without CRI: no use waiting for it
+                raise EnvError("containerd did not load CRI:\n" + self.log_text()[-4000:])
             if time.monotonic() > deadline:
                 raise EnvError(f"CRI did not answer within {timeout}s:\n" + self.log_text()[-4000:])
             time.sleep(0.1)
@@ -975,8 +1159,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="download + unpack packages, build images")
     f.add_argument("--cache", default=str(DEFAULT_CACHE))
+    f.add_argument("--runtime", choices=list(RUNTIMES), default=DEFAULT_RUNTIME)
     u = sub.add_parser("up", help="start containerd (stays running)")
     u.add_argument("--cache", default=str(DEFAULT_CACHE))
+    u.add_argument("--runtime", choices=list(RUNTIMES), default=DEFAULT_RUNTIME)
     u.add_argument("--work", required=True)
     u.add_argument("--log-level", default="info")
     d = sub.add_parser("down", help="stop containerd started by `up` and clean up")
@@ -985,12 +1171,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "fetch":
             t0 = time.monotonic()
-            for k, v in fetch(a.cache).items():
+            for k, v in fetch(runtime_cache(a.cache, a.runtime), runtime=a.runtime).items():
                 print(f"{k}: {v}")
             print(f"fetch done in {time.monotonic() - t0:.1f}s")
         elif a.cmd == "up":
             t0 = time.monotonic()
-            env = ContainerdEnv(a.cache, a.work, log_level=a.log_level).start()
+            cache = runtime_cache(a.cache, a.runtime)
+            fetch(cache, runtime=a.runtime, quiet=True)
+            env = ContainerdEnv(cache, a.work, log_level=a.log_level).start()
             # keep the daemon alive after we exit: detach from the Popen object
             env._proc = None
             if env._log_fh:
