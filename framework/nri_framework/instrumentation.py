@@ -58,6 +58,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from nri_framework import __version__
+from nri_framework.nri.versions import synchronizes_prelaunched
 
 if TYPE_CHECKING:
     from nri_framework.host import PolicyHost
@@ -249,7 +250,7 @@ class Instrumentation:
             return Health(False, f"not registered with the NRI runtime ({where})")
         if not session.configured.is_set():
             return Health(False, "registered, waiting for the runtime's Configure")
-        no_sync = stub.opts.fd is not None and session.nri_version < (0, 10)
+        no_sync = stub.opts.fd is not None and not synchronizes_prelaunched(session.nri_version)
         if not session.synchronized.is_set() and not no_sync:
             return Health(False, "configured, waiting for the runtime's Synchronize")
         return Health(True, "ok")

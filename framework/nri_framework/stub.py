@@ -35,7 +35,7 @@ from nri_framework.nri.ttrpc import (
     ResponseReceived,
     TtrpcError,
 )
-from nri_framework.nri.versions import runtime_nri_version
+from nri_framework.nri.versions import runtime_nri_version, synchronizes_prelaunched
 from nri_framework.pb import nri_pb2 as pb
 
 log = logging.getLogger("nri_framework.stub")
@@ -269,7 +269,7 @@ class Session:
             events,
         )
         self.configured.set()
-        if self.opts.fd is not None and self.nri_version < (0, 10):
+        if self.opts.fd is not None and not synchronizes_prelaunched(self.nri_version):
             updates = self.host.restore_without_sync()
             if updates:
                 self.background(self.push_restored(updates))

@@ -1,10 +1,14 @@
-"""Fixtures for end-to-end tests against a real containerd 1.7 (see containerd_env.py).
+"""Fixtures for end-to-end tests against real containerds (see containerd_env.py).
 
-* ``containerd_cache`` (session): the fetched packages/images (``$NRI_E2E_CACHE`` or
-  ``~/.cache/nri-resource-policy/e2e``); skips the e2e tests, loudly, when not root or
-  when the packages cannot be fetched.
-* ``containerd_env`` (session): a started ``ContainerdEnv`` in a temporary work dir,
-  stopped (and checked for leftovers) at the end of the session.
+* ``containerd_cache`` (session, parametrized over the runtime matrix, ids
+  ``containerd-1.7`` and ``containerd-2.1``): one runtime's fetched packages/images (under
+  ``$NRI_E2E_CACHE`` or ``~/.cache/nri-resource-policy/e2e``), so every test that uses it,
+  ``containerd_env`` or ``cri`` runs against each runtime. When the tier cannot set itself
+  up (not root, fetch failed) it goes through ``_tier.unavailable``: a loud skip, a
+  failure under CI or ``NRI_E2E_REQUIRED=1``.
+* ``containerd_env`` (session): a started ``ContainerdEnv`` of that runtime in a temporary
+  work dir, stopped (and checked for leftovers) when the tests of that runtime are done
+  (pytest runs one runtime's tests, then the other's: one daemon at a time).
 * ``cri`` (function): a ``CRIClient`` on that daemon; every pod is removed afterwards.
 * ``plugins`` / ``plugin`` (function): NRI plugin processes of this project against that
   daemon (see below).
@@ -25,37 +29,43 @@ import pytest
 
 _HERE = Path(__file__).resolve().parent
 _REPO = _HERE.parents[1]
-for _p in (_HERE, _REPO / "framework"):
+for _p in (_HERE, _HERE.parent, _REPO / "framework"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from containerd_env import DEFAULT_CACHE, ContainerdEnv, EnvError, fetch  # noqa: E402
+import _tier  # noqa: E402
+from containerd_env import (  # noqa: E402
+    DEFAULT_CACHE,
+    RUNTIMES,
+    ContainerdEnv,
+    EnvError,
+    fetch,
+    runtime_cache,
+)
 
-_SKIPPED: list[str] = []
+TIER = "e2e tests"
+REQUIRED = "NRI_E2E_REQUIRED"
 
 
 def e2e_cache_dir() -> Path:
     return Path(os.environ.get("NRI_E2E_CACHE") or DEFAULT_CACHE).expanduser()
 
 
-def _skip(reason: str) -> None:
-    msg = f"E2E TESTS SKIPPED: {reason}"
-    _SKIPPED.append(msg)
-    print(f"\n{'!' * 20} {msg} {'!' * 20}", file=sys.stderr)
-    pytest.skip(msg)
-
-
-@pytest.fixture(scope="session")
-def containerd_cache() -> Path:
+@pytest.fixture(scope="session", params=list(RUNTIMES))
+def containerd_cache(request: pytest.FixtureRequest) -> Path:
+    """One runtime of the matrix, fetched: its cache directory."""
+    runtime: str = request.param
     if os.geteuid() != 0:
-        _skip(f"containerd needs root (running as uid {os.geteuid()})")
-    cache = e2e_cache_dir()
+        _tier.unavailable(TIER, f"containerd needs root (running as uid {os.geteuid()})", REQUIRED)
+    cache = runtime_cache(e2e_cache_dir(), runtime)
     t0 = time.monotonic()
     try:
-        fetch(cache)
+        fetch(cache, runtime=runtime)
     except (EnvError, OSError, subprocess.SubprocessError) as e:
-        _skip(f"cannot fetch containerd/runc/busybox into {cache}: {e}")
-    print(f"\n[e2e] fetch into {cache}: {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        _tier.unavailable(
+            TIER, f"cannot fetch {runtime} (containerd/runc/busybox) into {cache}: {e}", REQUIRED
+        )
+    print(f"\n[e2e] {runtime}: fetch into {cache}: {time.monotonic() - t0:.1f}s", file=sys.stderr)
     return cache
 
 
@@ -71,7 +81,8 @@ def containerd_env(
         env.stop()
         raise
     print(
-        f"[e2e] containerd up in {time.monotonic() - t0:.1f}s, work dir {env.work_dir}",
+        f"[e2e] {env.runtime.get('id')}: containerd {env.containerd_version()} up in "
+        f"{time.monotonic() - t0:.1f}s, work dir {env.work_dir}",
         file=sys.stderr,
     )
     try:
@@ -97,8 +108,7 @@ def cri(containerd_env: ContainerdEnv) -> Iterator[object]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
-    for msg in dict.fromkeys(_SKIPPED):
-        terminalreporter.write_sep("!", msg, red=True, bold=True)
+    _tier.summary(terminalreporter)
 
 
 # --------------------------------------------------------------------------- NRI plugin processes

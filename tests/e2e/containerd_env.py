@@ -180,6 +180,27 @@ def _debs(cache: Path, pkg: str) -> list[Path]:
     return sorted((cache / "debs").glob(f"{pkg}_*.deb"))
 
 
+def _save_runtime(cache: Path, rt: Runtime, deb: Path | None = None) -> None:
+    """``cache/runtime.json``: which runtime, and what its package says it embeds."""
+    info: dict[str, str] = {"id": rt.id, "suite": rt.suite}
+    if deb is not None:
+        fields = _run(["dpkg-deb", "-f", str(deb), "Version", "Built-Using", "Static-Built-Using"])
+        info["package_version"] = fields.stdout.split("\n")[0].partition(": ")[2].strip()
+        m = re.search(r"golang-github-containerd-nri \(= ([\d.]+)", fields.stdout)
+        info["nri_version"] = m.group(1) if m else ""
+    (cache / RUNTIME_FILE).write_text(json.dumps(info) + "\n")
+
+
+def runtime_info(cache: Path) -> dict[str, str]:
+    """What :func:`fetch` recorded about the runtime in ``cache`` (``id``, ``suite``,
+    ``package_version``, ``nri_version``: the NRI its Debian package was built with)."""
+    try:
+        info: dict[str, str] = json.loads((cache / RUNTIME_FILE).read_text())
+        return info
+    except (OSError, ValueError):
+        return {}
+
+
 def fetch(
     cache: Path | str = DEFAULT_CACHE, *, runtime: str | None = None, quiet: bool = False
 ) -> dict[str, Path]:
@@ -192,7 +213,7 @@ def fetch(
     say = (lambda m: None) if quiet else _log
     debdir = cache / "debs"
     debdir.mkdir(parents=True, exist_ok=True)
-    (cache / RUNTIME_FILE).write_text(json.dumps({"id": rt.id, "suite": rt.suite}) + "\n")
+    _save_runtime(cache, rt)
     if os.geteuid() != 0:
         # apt-get download works as a user, but nothing else here does
         say("warning: not root; containerd will not be usable")
@@ -259,6 +280,7 @@ def fetch(
     if out.returncode != 0:
         raise EnvError(f"runc does not run here: {out.stderr.strip()}")
 
+    _save_runtime(cache, rt, ctd[-1])
     images = build_images(cache, Path(bins["busybox"]), say=say)  # type: ignore[arg-type]
     result: dict[str, Path] = {k: v for k, v in bins.items() if v is not None}
     result.update(images)
@@ -636,6 +658,11 @@ class ContainerdEnv:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_fh: io.BufferedWriter | None = None
         self.bins: dict[str, Path] = {}
+
+    @property
+    def runtime(self) -> dict[str, str]:
+        """What :func:`fetch` recorded about this cache's runtime (see :func:`runtime_info`)."""
+        return runtime_info(self.cache_dir)
 
     # ---- paths
     @property

@@ -1,5 +1,10 @@
-"""The plugin against a real containerd 1.7.24 through CRI: registration, pinning, updates,
-a crash and restart, a conflicting second plugin, and pre-launched mode.
+"""The plugin against real containerds through CRI (each test once per runtime of the
+matrix, see conftest.py): registration, pinning, updates, a crash and restart, a
+conflicting second plugin, and pre-launched mode.
+
+No version is written here: what a test expects of a runtime comes from what that runtime
+reports (CRI Version, Configure) and from the NRI version its Debian package says it was
+built with (``ContainerdEnv.runtime["nri_version"]``).
 
 The ``pinner`` policy on this 2-CPU machine: a Guaranteed container asking for one whole
 CPU gets CPU ``1`` exclusively; every other container shares what is left (``0``).
@@ -22,6 +27,7 @@ import grpc
 import pytest
 from containerd_env import ContainerdEnv
 from cri_client import CRIClient, Pod
+from nri_framework.nri.versions import parse_version, synchronizes_prelaunched, valid_events
 
 if TYPE_CHECKING:
     from conftest import PluginFactory, PluginProcess
@@ -123,9 +129,18 @@ def run_container(
 # --------------------------------------------------------------------------- 1
 
 
-def test_registers_with_containerd(plugin: PluginProcess) -> None:
+def built_nri(env: ContainerdEnv) -> tuple[int, ...]:
+    """The NRI version the runtime's Debian package was built with (Built-Using)."""
+    nri = parse_version(env.runtime.get("nri_version", ""))
+    assert nri, f"no NRI version recorded for {env.cache_dir}: {env.runtime}"
+    return nri
+
+
+def test_registers_with_containerd(
+    plugin: PluginProcess, cri: CRIClient, containerd_env: ContainerdEnv
+) -> None:
     ctd = plugin.containerd_log_since_start()
-    # containerd 1.7.24 (NRI 0.6.1), adaptation.go: an external plugin is named
+    # containerd (NRI 0.6.1 and 0.8.0), adaptation.go: an external plugin is named
     # "external:<idx>-<name>[<pid>]" until it registers
     m = re.search(
         re.escape(_q('plugin "external:10-pinner['))
@@ -142,16 +157,24 @@ def test_registers_with_containerd(plugin: PluginProcess) -> None:
     log = plugin.log_text()
     assert "registered as 10-pinner" in log
     m2 = re.search(
-        r"configured by runtime containerd (\S+) \(NRI ([\d.]+)\), subscribed events 0x([0-9a-f]+)",
+        r"configured by runtime (\S+) (\S+) \(NRI ([\d.]+)\), subscribed events 0x([0-9a-f]+)",
         log,
     )
     assert m2, log
-    version, nri, mask_hex = m2.groups()
+    name, version, nri, mask_hex = m2.groups()
     mask = int(mask_hex, 16)
-    print(f"[plugin] runtime containerd {version}, NRI {nri}, events 0x{mask:x}")
-    assert version.startswith("1.7.24")
-    assert nri == "0.6.1"
-    assert 0 < mask <= 0x7FF and not mask & ~0x7FF
+    cri_version = cri.version()
+    print(
+        f"[plugin] runtime {name} {version}, NRI {nri}, events 0x{mask:x}; CRI says "
+        f"{cri_version.runtime_name} {cri_version.runtime_version}; Debian's package "
+        f"{containerd_env.runtime.get('package_version')} built with NRI "
+        f"{containerd_env.runtime.get('nri_version')}"
+    )
+    # what Configure said is what CRI says, and the NRI we infer is the one it was built with
+    assert (name, version) == (cri_version.runtime_name, cri_version.runtime_version)
+    assert parse_version(nri) == built_nri(containerd_env)
+    valid = valid_events(name, version)
+    assert 0 < mask <= valid and not mask & ~valid
     # the pinner decides on create/update/stop and forgets on remove
     for bit in (0x8, 0x80, 0x200, 0x400):  # CREATE, UPDATE, STOP, REMOVE_CONTAINER
         assert mask & bit, f"event bit 0x{bit:x} missing from 0x{mask:x}"
@@ -300,9 +323,10 @@ def test_prelaunched_plugin(containerd_cache: Path, tmp_path: Path) -> None:
 
         offset = env.log_path.stat().st_size
         env.restart_daemon()
-        # containerd 1.7.24 (NRI 0.6.1) starts pre-launched plugins while it boots and
-        # waits for their registration, but never sends them Synchronize: that came with
-        # NRI v0.10 (containerd/nri#43), so such a plugin never learns of existing containers
+        # containerd starts pre-launched plugins while it boots and waits for their
+        # registration; NRI 0.6.1 (containerd 1.7.24) never sends them Synchronize, so such a
+        # plugin never learns of existing containers; NRI 0.7+ (containerd/nri#43; 2.x)
+        # synchronizes them like external ones: what containerd logs decides what we expect
         registered = (
             re.escape(_q('plugin "pre-connected:30-prelaunched['))
             + r"(\d+)"
@@ -329,7 +353,8 @@ def test_prelaunched_plugin(containerd_cache: Path, tmp_path: Path) -> None:
         print(f"[pids] plugin {pid}, containerd {env.pid}, in containerd's log {m.group(1)}")
         assert re.search(r"starting policy pinner, pre-launched \(fd 3\)", text), text
         assert "registered as 30-prelaunched" in text
-        assert re.search(r"configured by runtime containerd \S+ \(NRI 0\.6\.1\)", text), text
+        nri = ".".join(map(str, built_nri(env)))
+        assert re.search(rf"configured by runtime containerd \S+ \(NRI {re.escape(nri)}\)", text)
         assert f"pinner: ignoring runtime-provided config {conf_text!r}" in text
         # what containerd passed (the shell adds PWD, the wrapper PYTHONPATH): no PATH/HOME
         environ = dict(
@@ -356,10 +381,19 @@ def test_prelaunched_plugin(containerd_cache: Path, tmp_path: Path) -> None:
             assert cgroup_cpus(pod, cid) in ("1", None)
             text = log.read_text()
             assert "pinner: prelaunched/g gets exclusive CPUs 1" in text
-            assert "synchronized" not in text, "NRI 0.6.1 synchronized a pre-launched plugin?"
+            ctd = env.log_path.read_bytes()[offset:].decode(errors="replace")
+            syncs = _q("synchronizing plugin 30-prelaunched") in ctd
+            print(f"[containerd] synchronizes pre-launched plugins: {syncs}")
+            # and our table of what each NRI version does agrees with the runtime
+            assert syncs == synchronizes_prelaunched(built_nri(env))
+            if syncs:
+                assert "synchronized 0 pod(s), 0 container(s)" in text, text
+            else:
+                assert "synchronized" not in text, f"NRI {nri} synchronized a pre-launched plugin?"
 
             # containerd restarts, the container keeps running, the plugin is launched
-            # anew and never synchronized: it restores what it assigned from its state dir
+            # anew: synchronized (NRI 0.7+) or, never synchronized, it restores what it
+            # assigned from its state dir
             time.sleep(0.3)  # the state file is written off the reply path
             first_pid = pid
             log_offset = len(log.read_text())
@@ -367,13 +401,18 @@ def test_prelaunched_plugin(containerd_cache: Path, tmp_path: Path) -> None:
             deadline = time.monotonic() + 20
             while True:
                 text = log.read_text()[log_offset:]
-                if "registered as 30-prelaunched" in text and "restoring" in text:
+                done = "synchronized" if syncs else "restoring"
+                if "registered as 30-prelaunched" in text and done in text:
                     break
                 assert time.monotonic() < deadline, f"no restart of the plugin:\n{text}"
                 time.sleep(0.05)
             assert int(pidfile.read_text()) != first_pid
             print(f"[pre-launched, after containerd restart]\n{text}")
-            assert "does not synchronize pre-launched plugins: restoring 1 container(s)" in text
+            if syncs:
+                assert "synchronized 1 pod(s), 1 container(s)" in text, text
+                assert "does not synchronize" not in text, text
+            else:
+                assert "does not synchronize pre-launched plugins: restoring 1 container(s)" in text
             # the exclusive CPU is still taken: a shared container gets only what is left
             _, _, be_cpus = run_container(cri, "prelaunched-be", "be", BESTEFFORT)
             assert be_cpus == "0", "the restarted plugin forgot the exclusive CPU"

@@ -63,3 +63,9 @@ def valid_events(runtime_name: str, runtime_version: str, nri_version: str = "")
 def has_dedicated_rpcs(nri_version: tuple[int, ...]) -> bool:
     """v0.12+ calls per-event RPCs first and falls back to StateChange on UNIMPLEMENTED."""
     return nri_version >= (0, 12)
+
+
+def synchronizes_prelaunched(nri_version: tuple[int, ...]) -> bool:
+    """v0.7+ sends pre-launched plugins Synchronize too (containerd/nri#43: containerd
+    2.x, 1.7.26+); before, only external plugins learn the runtime's containers."""
+    return nri_version >= (0, 7)
