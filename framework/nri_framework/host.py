@@ -52,6 +52,10 @@ STATE_VERSION = 1
 SAVE_DELAY = 0.05
 #: Seconds a new configuration may take to be parsed and checked off the loop.
 PREPARE_TIMEOUT = 30.0
+#: The share of the runtime's request timeout a hook may spend blocked on its
+#: own work (:meth:`PolicyHost.reply_budget`): a quarter, the rest is margin
+#: for the host, the interpreter and a loaded machine.
+REPLY_SHARE = 0.25
 
 
 class SavedState(msgspec.Struct, kw_only=True):
@@ -243,6 +247,14 @@ class PolicyHost:
         self.changed()  # journaled before the runtime applies them
         return await self._update_sender(updates)
 
+    def reply_budget(self, wanted: float) -> float:
+        """Seconds a hook may spend blocked on its own work (a helper exchange)
+        while the runtime waits for the answer: ``wanted``, but never more than
+        :data:`REPLY_SHARE` of the runtime's request timeout, so that a runtime
+        configured with a short ``plugin_request_timeout`` does not drop us for
+        waiting on something slow (the rest of the share is the host's own work)."""
+        return min(wanted, REPLY_SHARE * self.runtime.request_timeout)
+
     # -- the subscription ----------------------------------------------------
 
     def event_mask(self, valid: int) -> int:
@@ -266,6 +278,23 @@ class PolicyHost:
 
     def configure(self, config: str, runtime: RuntimeInfo) -> int:
         self.runtime = runtime
+        if runtime.sent_timeouts:
+            log.info(
+                "runtime timeouts: registration %d ms, request %d ms; "
+                "a reply's blocking work is capped at %.0f ms",
+                runtime.registration_timeout * 1000,
+                runtime.request_timeout * 1000,
+                REPLY_SHARE * runtime.request_timeout * 1000,
+            )
+        else:
+            log.info(
+                "runtime %s %s sent no timeouts (NRI < 0.7): assuming NRI's defaults, "
+                "registration %d ms, request %d ms",
+                runtime.name,
+                runtime.version,
+                runtime.registration_timeout * 1000,
+                runtime.request_timeout * 1000,
+            )
         self.hook.nri_configure(config=config, runtime=runtime)
         return self.event_mask(valid_events(runtime.name, runtime.version, runtime.nri_version))
 

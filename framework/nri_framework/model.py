@@ -175,14 +175,43 @@ class CreateResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     evictions: list[Eviction] = []
 
 
+#: NRI's defaults (``api/timeouts.go``): what a runtime that does not send its
+#: timeouts (NRI < 0.7: containerd 1.7.24) uses unless configured otherwise
+DEFAULT_REGISTRATION_TIMEOUT_MS = 5000
+DEFAULT_REQUEST_TIMEOUT_MS = 2000
+#: what we take at most from a runtime's word (a hostile or absurd value cannot
+#: make us wait for hours)
+MAX_TIMEOUT_MS = 600_000
+
+
 class RuntimeInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Who we are talking to, from ``ConfigureRequest``."""
+    """Who we are talking to, from ``ConfigureRequest``.
+
+    ``*_timeout_ms``: what the runtime sent (NRI 0.7+), 0 when it sent nothing;
+    :attr:`request_timeout` / :attr:`registration_timeout` are what to go by."""
 
     name: str = ""
     version: str = ""
     nri_version: str = ""
     registration_timeout_ms: int = 0
     request_timeout_ms: int = 0
+
+    @property
+    def sent_timeouts(self) -> bool:
+        return self.request_timeout_ms > 0
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds the runtime waits for one answer of ours (Configure and the whole
+        of a Synchronize included) before it drops us: its own word, else NRI's default."""
+        ms = self.request_timeout_ms
+        return min(ms if ms > 0 else DEFAULT_REQUEST_TIMEOUT_MS, MAX_TIMEOUT_MS) / 1000
+
+    @property
+    def registration_timeout(self) -> float:
+        """Seconds the runtime waits for our RegisterPlugin (its word, else the default)."""
+        ms = self.registration_timeout_ms
+        return min(ms if ms > 0 else DEFAULT_REGISTRATION_TIMEOUT_MS, MAX_TIMEOUT_MS) / 1000
 
 
 def cpu_pin(cpus: str, mems: str = "") -> Resources:

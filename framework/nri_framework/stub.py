@@ -109,6 +109,7 @@ class Session:
         self.calls: dict[int, asyncio.Future[tuple[int, str, bytes]]] = {}
         self.sync_pods: list[pb.PodSandbox] = []
         self.sync_containers: list[pb.Container] = []
+        self.sync_messages = 0
         self.nri_version: tuple[int, ...] = ()
         self.configured = asyncio.Event()
         self.synchronized = asyncio.Event()
@@ -261,6 +262,9 @@ class Session:
         runtime = convert.runtime_from_pb(req)
         self.nri_version = runtime_nri_version(runtime.name, runtime.version, runtime.nri_version)
         events = self.host.configure(req.config, runtime)
+        if runtime.sent_timeouts:
+            # a reconnect waits for RegisterPlugin as long as this runtime admits plugins
+            self.opts.register_timeout = runtime.registration_timeout
         log.info(
             "configured by runtime %s %s (NRI %s), subscribed events 0x%x",
             runtime.name,
@@ -279,17 +283,22 @@ class Session:
         req = pb.SynchronizeRequest.FromString(payload)
         self.sync_pods.extend(req.pods)
         self.sync_containers.extend(req.containers)
+        self.sync_messages += 1
         if req.more:
+            # NRI 0.7+: a split Synchronize; every part but the last is answered
+            # with more=true and no updates, else the runtime closes us
             return wire(pb.SynchronizeResponse(more=True))
         pods = [convert.pod_from_pb(p) for p in self.sync_pods]
         containers = [convert.container_from_pb(c) for c in self.sync_containers]
         self.sync_pods, self.sync_containers = [], []
+        messages, self.sync_messages = self.sync_messages, 0
         updates = self.host.synchronize(pods, containers)
         log.info(
-            "synchronized %d pod(s), %d container(s), %d update(s)",
+            "synchronized %d pod(s), %d container(s), %d update(s)%s",
             len(pods),
             len(containers),
             len(updates),
+            f", in {messages} messages" if messages > 1 else "",
         )
         self.synchronized.set()
         resp = pb.SynchronizeResponse()

@@ -106,7 +106,9 @@ class Balloons:
             self._stop_background()
         if _running_loop() is None:
             return self.policy.cpu_classes.exchanges(timeout=CONFIG_TIMEOUT)
-        return self.policy.cpu_classes.exchanges(budget=Budget(REPLY_BUDGET))
+        # never more than the host allows of the runtime's request timeout
+        budget = REPLY_BUDGET if self.host is None else self.host.reply_budget(REPLY_BUDGET)
+        return self.policy.cpu_classes.exchanges(budget=Budget(budget))
 
     def commit(self) -> None:
         """Apply the CPU class decisions of the hook that just ran (one commit
