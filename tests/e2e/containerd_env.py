@@ -114,7 +114,6 @@ STATE_FILE = "env-state.json"
 CRI_LOAD_FAILED = re.compile(r'msg="failed to load plugin".* id=io\.containerd\.grpc\.v1\.cri ')
 
 
-
 class EnvError(RuntimeError):
     """Raised when the environment cannot be fetched or started."""
 
@@ -664,6 +663,12 @@ class ContainerdEnv:
         """What :func:`fetch` recorded about this cache's runtime (see :func:`runtime_info`)."""
         return runtime_info(self.cache_dir)
 
+    @property
+    def nri_version(self) -> tuple[int, ...]:
+        """The NRI its Debian package was built with (``(0, 8, 0)``); () when unknown."""
+        m = re.match(r"\d+(?:\.\d+)*", self.runtime.get("nri_version", ""))
+        return tuple(int(x) for x in m.group(0).split(".")) if m else ()
+
     # ---- paths
     @property
     def cri_socket(self) -> Path:
@@ -816,7 +821,7 @@ disabled_plugins = [
             ),
         )
         return (
-            head.replace('version = 3\n', f'version = 3\ntemp = "{w}/tmp"\n', 1)
+            head.replace("version = 3\n", f'version = 3\ntemp = "{w}/tmp"\n', 1)
             + self._nri_section('"')
             + f"""
   [plugins."io.containerd.cri.v1.runtime"]

@@ -114,7 +114,10 @@ class CRIClient:
         self.socket_path = str(socket_path)
         self.timeout = timeout
         self.log_root = Path(log_root) if log_root else Path("/tmp/nri-e2e-pod-logs")
-        self.channel = grpc.insecure_channel(f"unix://{self.socket_path}")
+        # listings carry every container's annotations: allow more than gRPC's 4 MiB
+        self.channel = grpc.insecure_channel(
+            f"unix://{self.socket_path}", options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
         self.runtime = pb_grpc.RuntimeServiceStub(self.channel)
         self.images = pb_grpc.ImageServiceStub(self.channel)
 

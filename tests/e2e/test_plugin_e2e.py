@@ -131,9 +131,8 @@ def run_container(
 
 def built_nri(env: ContainerdEnv) -> tuple[int, ...]:
     """The NRI version the runtime's Debian package was built with (Built-Using)."""
-    nri = parse_version(env.runtime.get("nri_version", ""))
-    assert nri, f"no NRI version recorded for {env.cache_dir}: {env.runtime}"
-    return nri
+    assert env.nri_version, f"no NRI version recorded for {env.cache_dir}: {env.runtime}"
+    return env.nri_version
 
 
 def test_registers_with_containerd(
