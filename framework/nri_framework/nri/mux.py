@@ -24,8 +24,11 @@ RUNTIME_SERVICE_CONN = 2
 
 #: Largest payload we put in one outgoing frame (Go's bufio reader size).
 MAX_OUT_PAYLOAD = 4096
-#: Largest incoming frame payload we accept: a whole maximal ttrpc message.
-MAX_IN_PAYLOAD = 10 + (4 << 20)
+#: Largest incoming frame payload we accept: what NRI v0.6.1 writes at most
+#: (16 MiB, it returns EMSGSIZE beyond; v0.8+ splits writes at 10 + 4 MiB).
+#: Payloads are passed on as they arrive, never buffered whole, so this bounds
+#: nothing in memory: a larger length means the trunk is not NRI framing.
+MAX_IN_PAYLOAD = 16 << 20
 
 
 class MuxError(Exception):
@@ -49,34 +52,51 @@ def encode_frames(conn_id: int, data: bytes, max_payload: int = MAX_OUT_PAYLOAD)
 
 
 class MuxDecoder:
-    """Splits the trunk byte stream into ``(conn_id, payload)`` pieces.
+    """Splits the trunk byte stream into ``(conn_id, bytes)`` pieces.
 
-    Feed it whatever the socket returned; it keeps partial frames between
-    calls. A frame whose declared length exceeds :data:`MAX_IN_PAYLOAD` or
-    whose conn id is 0 raises :class:`MuxError` (the connection must be
-    closed: the stream cannot be resynchronised).
+    Feed it whatever the socket returned. A frame's payload is handed on as it
+    arrives, in pieces (each conn id is a byte stream: the ttrpc layer joins
+    them and discards an oversized message without holding it), so a frame of
+    many MiB from an NRI v0.6.1 runtime costs no memory here; only a partial
+    8-byte header is kept between calls. A frame whose declared length exceeds
+    :data:`MAX_IN_PAYLOAD` or whose conn id is 0 raises :class:`MuxError` (the
+    connection must be closed: the stream cannot be resynchronised).
     """
 
-    __slots__ = ("_buf", "max_payload")
+    __slots__ = ("_hdr", "_conn", "_left", "max_payload")
 
     def __init__(self, max_payload: int = MAX_IN_PAYLOAD) -> None:
-        self._buf = bytearray()
+        self._hdr = bytearray()
+        self._conn = 0
+        self._left = 0  # payload bytes of the current frame still to come
         self.max_payload = max_payload
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet returned as a complete frame."""
-        return len(self._buf)
+        """Bytes received but not yet returned (a partial frame header)."""
+        return len(self._hdr)
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buf = self._buf
-        buf += data
-        frames: list[tuple[int, bytes]] = []
-        pos = 0
-        end = len(buf)
-        unpack = HEADER.unpack_from
-        while end - pos >= HEADER_LEN:
-            conn_id, length = unpack(buf, pos)
+        pieces: list[tuple[int, bytes]] = []
+        view = memoryview(data)
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._left:
+                n = min(self._left, end - pos)
+                if pieces and pieces[-1][0] == self._conn:
+                    pieces[-1] = (self._conn, pieces[-1][1] + view[pos : pos + n])
+                else:
+                    pieces.append((self._conn, bytes(view[pos : pos + n])))
+                self._left -= n
+                pos += n
+                continue
+            need = HEADER_LEN - len(self._hdr)
+            self._hdr += view[pos : pos + need]
+            pos += min(need, end - pos)
+            if len(self._hdr) < HEADER_LEN:
+                break
+            conn_id, length = HEADER.unpack(self._hdr)
+            self._hdr.clear()
             if conn_id == 0:
                 raise MuxError("mux frame with reserved conn id 0")
             if length > self.max_payload:
@@ -84,11 +104,5 @@ class MuxDecoder:
                     f"mux frame of {length} bytes on conn {conn_id} exceeds "
                     f"the limit of {self.max_payload}"
                 )
-            if end - pos - HEADER_LEN < length:
-                break
-            start = pos + HEADER_LEN
-            frames.append((conn_id, bytes(buf[start : start + length])))
-            pos = start + length
-        if pos:
-            del buf[:pos]
-        return frames
+            self._conn, self._left = conn_id, length
+        return pieces
