@@ -63,7 +63,7 @@ class MuxDecoder:
     connection must be closed: the stream cannot be resynchronised).
     """
 
-    __slots__ = ("_hdr", "_conn", "_left", "max_payload")
+    __slots__ = ("_conn", "_hdr", "_left", "max_payload")
 
     def __init__(self, max_payload: int = MAX_IN_PAYLOAD) -> None:
         self._hdr = bytearray()
