@@ -211,7 +211,9 @@ def fetch(cache: Path | str | None = None, *, say: Callable[[str], None] = print
         debs.mkdir()
         try:
             for suite, names in PACKAGES.items():
-                env = apt_env(apt_config(cache / f"apt-{suite}", debian_source(suite), own_status=True))
+                env = apt_env(
+                    apt_config(cache / f"apt-{suite}", debian_source(suite), own_status=True)
+                )
                 say(f"[tools] apt-get update ({suite}); download {' '.join(names)}")
                 run(["apt-get", "update", "-q"], env=env, timeout=900, error=ToolsError)
                 run(["apt-get", "download", "-q", *names], cwd=debs, env=env, timeout=900,
