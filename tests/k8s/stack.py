@@ -911,7 +911,7 @@ def _discovery(path: str, host: str) -> dict[str, Any] | None:
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
         }
     for gv in _STANDIN_VERSIONS:
-        if gv == "v1" and path == "/api/v1" or gv != "v1" and path == f"/apis/{gv}":
+        if path == ("/api/v1" if gv == "v1" else f"/apis/{gv}"):
             return _resource_list(gv)
         if gv != "v1" and path == f"/apis/{gv.split('/')[0]}":
             return _api_group(gv)
@@ -929,8 +929,8 @@ def proxy_main(upstream: str, cert: str, key: str, port_file: str, port: int = 0
     here: ``/api``, ``/api/v1``, ``/apis/apps[/v1]`` from the stand-ins, ``/apis`` from
     the upstream's groups (which it does not list: 404 there) without the ``*.fake``
     ones (legacy discovery: kubectl asks for the aggregated kind first and accepts
-    a plain ``APIGroupList``). Everything else is passed through. Upstream requests use the admin client
-    certificate. The bound port is written to ``port_file`` once listening.
+    a plain ``APIGroupList``). Everything else is passed through. Upstream requests
+    use the admin client certificate. The bound port is written to ``port_file`` once listening.
     """
     import asyncio
     import logging
