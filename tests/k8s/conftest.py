@@ -42,9 +42,8 @@ if str(_HERE.parent) not in sys.path:
 
 import _tier  # noqa: E402
 import _tools  # noqa: E402
+from spec_commands import REQUIRED  # noqa: E402
 from stack import Stack, StackError, build, cache_dir  # noqa: E402
-
-REQUIRED = "NRI_K8S_REQUIRED"
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -100,23 +99,13 @@ def tools() -> _tools.Tools:
         _unavailable(f"cannot fetch kubectl/jq into {_tools.cache_dir()}: {e}")
 
 
-def operator_shell(st: Stack, tools: _tools.Tools) -> Any:
-    """An operator's kubectl on ``st`` (its HOME in the stack's work dir: no
-    discovery cached for another stack on the same port)."""
-    from spec_commands import Kubectl
-
-    home = st.work_dir / "kubectl-home" if st.work_dir else None
-    assert home is not None, "the stack is not started"
-    home.mkdir(exist_ok=True)
-    return Kubectl(tools, st.kubeconfig, home)
-
-
 @pytest.fixture
 def cluster(k8s_stack: Stack, tools: _tools.Tools) -> Iterator[Any]:
     from agent_node import Cluster, unique
+    from spec_commands import Kubectl
 
     api = k8s_stack.api_client()
-    c = Cluster(k8s_stack, api, unique("ns"), unique("node"), operator_shell(k8s_stack, tools))
+    c = Cluster(k8s_stack, api, unique("ns"), unique("node"), Kubectl.on(k8s_stack, tools))
     try:
         yield c
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 _TESTS = Path(__file__).resolve().parents[1]
 if str(_TESTS) not in sys.path:
@@ -13,6 +14,8 @@ if str(_TESTS) not in sys.path:
 
 from _tools import Tools  # noqa: E402
 
+#: the k8s tier's own "required" switch (tests/_tier.py)
+REQUIRED = "NRI_K8S_REQUIRED"
 SPEC = Path(__file__).resolve().parent / "spec"
 
 
@@ -34,6 +37,15 @@ class Kubectl:
         self.tools = tools
         self.kubeconfig = kubeconfig
         self.home = home
+
+    @classmethod
+    def on(cls, st: Any, tools: Tools) -> Kubectl:
+        """An operator's kubectl on the started :class:`stack.Stack` ``st``; its HOME
+        in the stack's work dir (no discovery cached for another stack on the port)."""
+        home = st.work_dir / "kubectl-home" if st.work_dir else None
+        assert home is not None, "the stack is not started"
+        home.mkdir(exist_ok=True)
+        return cls(tools, st.kubeconfig, home)
 
     def run(self, script: str, *, cwd: Path | None = None) -> str:
         """``script``'s stdout; AssertionError (with its stderr) when it fails."""

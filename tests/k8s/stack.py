@@ -67,8 +67,10 @@ What the server is, and is not:
   ``/apis`` (the upstream lists no groups of its own) and ``/apis/apps[/v1]``, so
   ``kubectl get node``, ``kubectl -n kube-system get pod -l ...``, ``kubectl get
   ds/NAME`` and ``kubectl get noderesourcetopologies...`` work as on a cluster
-  (``*.fake`` groups are left out of ``/apis``). No OpenAPI for the built-in kinds
-  (``kubectl explain``/``apply`` of them would not work).
+  (``*.fake`` groups are left out of ``/apis``); ``kubectl apply -f`` and ``delete
+  -f`` of a BalloonsPolicy work too (the server validates fields: the stand-ins'
+  OpenAPI says so, see ``_openapi_v3``). No schemas in that OpenAPI: ``kubectl
+  explain`` does not work.
 * Everything listens on 127.0.0.1, on ports picked free at start; the processes are
   stopped by PID and the temporary directory is removed by ``stop()``. If the
   starting process is killed outright, its children get SIGTERM from the kernel
@@ -900,6 +902,46 @@ def _api_group(group_version: str) -> dict[str, Any]:
             "preferredVersion": gv}  # fmt: skip
 
 
+def _openapi_path(gv: str) -> str:
+    """The OpenAPI v3 root's key for a group version (``api/v1``, ``apis/apps/v1``)."""
+    return "api/v1" if gv == "v1" else f"apis/{gv}"
+
+
+def _openapi_v3(gv: str) -> dict[str, Any]:
+    """The OpenAPI v3 document of a stand-in group version, as little as kubectl reads:
+    each kind's PATCH operation with its GVK and the ``fieldValidation`` parameter.
+
+    kubectl's ``--validate=strict`` (the default of ``apply``/``create``) checks
+    there whether the server validates fields itself, and for a custom resource whose
+    group it does not find, it checks the Namespace's PATCH in ``api/v1``; then it
+    sends ``fieldValidation=Strict`` and the real server validates (the CRD schema's
+    unknown fields rejected). Without this document kubectl falls back to
+    ``/openapi/v2``, which this server does not have, and refuses."""
+    group, _, version = gv.rpartition("/")
+    paths: dict[str, Any] = {}
+    for kind in STANDINS:
+        if kind.api_version != gv:
+            continue
+        ns = "/namespaces/{namespace}" if kind.namespaced else ""
+        paths[f"{kind.prefix}{ns}/{kind.plural}/{{name}}"] = {
+            "patch": {
+                "x-kubernetes-group-version-kind": {
+                    "group": group, "version": version, "kind": kind.kind},
+                "parameters": [
+                    {"name": name, "in": "query", "schema": {"type": "string"}}
+                    for name in ("dryRun", "fieldManager", "fieldValidation", "force")
+                ],
+                "responses": {"200": {"description": "OK"}},
+            }
+        }  # fmt: skip
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "nri-test stand-ins", "version": gv},
+        "paths": paths,
+        "components": {},
+    }
+
+
 def _discovery(path: str, host: str) -> dict[str, Any] | None:
     """The discovery documents of the stand-ins' group versions (``/api``, ``/api/v1``,
     ``/apis/apps``, ``/apis/apps/v1``); ``/apis`` itself needs the upstream's groups."""
@@ -911,6 +953,8 @@ def _discovery(path: str, host: str) -> dict[str, Any] | None:
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
         }
     for gv in _STANDIN_VERSIONS:
+        if path == f"/openapi/v3/{_openapi_path(gv)}":
+            return _openapi_v3(gv)
         if path == ("/api/v1" if gv == "v1" else f"/apis/{gv}"):
             return _resource_list(gv)
         if gv != "v1" and path == f"/apis/{gv.split('/')[0]}":
@@ -929,7 +973,8 @@ def proxy_main(upstream: str, cert: str, key: str, port_file: str, port: int = 0
     here: ``/api``, ``/api/v1``, ``/apis/apps[/v1]`` from the stand-ins, ``/apis`` from
     the upstream's groups (which it does not list: 404 there) without the ``*.fake``
     ones (legacy discovery: kubectl asks for the aggregated kind first and accepts
-    a plain ``APIGroupList``). Everything else is passed through. Upstream requests
+    a plain ``APIGroupList``), and ``/openapi/v3`` with the stand-ins' group
+    versions added (see :func:`_openapi_v3`). Everything else is passed through. Upstream requests
     use the admin client certificate. The bound port is written to ``port_file`` once listening.
     """
     import asyncio
@@ -973,11 +1018,15 @@ def proxy_main(upstream: str, cert: str, key: str, port_file: str, port: int = 0
         session: aiohttp.ClientSession = req.app["session"]
         if req.method == "GET":
             try:
-                doc = (
-                    await api_groups(session)
-                    if path.rstrip("/") == "/apis"
-                    else _discovery(path, req.host)
-                )
+                if path.rstrip("/") == "/apis":
+                    doc = await api_groups(session)
+                elif path == "/openapi/v3":
+                    doc = await upstream_json(session, path)
+                    for gv in _STANDIN_VERSIONS:
+                        url = f"/openapi/v3/{_openapi_path(gv)}"
+                        doc["paths"][_openapi_path(gv)] = {"serverRelativeURL": url}
+                else:
+                    doc = _discovery(path, req.host)
             except (aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
                 return web.json_response(
                     {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 502,
