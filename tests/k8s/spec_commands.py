@@ -4,6 +4,7 @@ against a :class:`stack.Stack`'s proxy. Stdlib only."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,13 @@ class Kubectl:
         home.mkdir(exist_ok=True)
         return cls(tools, st.kubeconfig, home)
 
+    def attempt(self, script: str, *, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``script`` run, not checked (``set -o pipefail``: see ``Tools.shell``)."""
+        return self.tools.shell(script, kubeconfig=self.kubeconfig, home=self.home, cwd=cwd)
+
     def run(self, script: str, *, cwd: Path | None = None) -> str:
         """``script``'s stdout; AssertionError (with its stderr) when it fails."""
-        proc = self.tools.shell(script, kubeconfig=self.kubeconfig, home=self.home, cwd=cwd)
+        proc = self.attempt(script, cwd=cwd)
         if proc.returncode != 0:
             raise AssertionError(
                 f"exit {proc.returncode}: {script}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"

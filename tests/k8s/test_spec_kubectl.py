@@ -32,6 +32,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import _tier
@@ -305,3 +306,42 @@ def test_spec_kubectl_table_output_without_the_pod(operator: Kubectl) -> None:
     """No pod stored: the spec's selector finds none, and kubectl says so as on a cluster."""
     out = operator.run(f"{SELECT} 2>&1")
     assert out == "No resources found in kube-system namespace.\n", out
+
+
+# --- what the stack serves kubectl, as a cluster would ----------------------------------
+
+
+def test_spec_kubectl_apply_leaves_field_validation_to_the_server(
+    operator: Kubectl, tmp_path: Path
+) -> None:
+    """``kubectl apply``'s default ``--validate=strict`` reads the OpenAPI v3 the proxy
+    serves for the stand-ins, sends ``fieldValidation=Strict``, and the real server
+    rejects an unknown field of the CRD schema (without it: "failed to download
+    openapi", and no object)."""
+    text = (EXAMPLES / "balloons-pct-managed.yaml").read_text()
+    bogus = text.replace("  pinCPU: true\n", "  pinCPU: true\n  bogusField: 1\n")
+    assert bogus != text
+    (tmp_path / "balloons-pct-managed.yaml").write_text(bogus)
+    proc = operator.attempt("kubectl apply -f balloons-pct-managed.yaml", cwd=tmp_path)
+    assert proc.returncode == 1, proc
+    assert 'strict decoding error: unknown field "spec.bogusField"' in proc.stderr, proc.stderr
+    out = operator.run("kubectl -n kube-system get balloonspolicies -o name")
+    assert out == "", out
+
+
+def test_spec_kubectl_not_found_as_on_a_cluster(operator: Kubectl) -> None:
+    """Errors name the real resource, and kubectl finds the namespace it looks up."""
+    for cmd, message in [
+        ("kubectl get node nope", 'nodes "nope" not found'),
+        ("kubectl -n kube-system get ds/nope", 'daemonsets.apps "nope" not found'),
+        ("kubectl -n kube-system get pod nope", 'pods "nope" not found'),
+    ]:
+        proc = operator.attempt(cmd)
+        assert proc.returncode == 1, proc
+        assert proc.stderr == f"Error from server (NotFound): {message}\n", proc.stderr
+
+
+def test_spec_kubectl_failing_kubectl_fails_the_pipeline(operator: Kubectl) -> None:
+    """``| jq`` on the empty output of a failed kubectl does not pass for a result."""
+    with pytest.raises(AssertionError, match="exit 1"):
+        operator.run("kubectl get node nope -o json | jq .")
