@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
@@ -17,7 +18,6 @@ from .conftest import (
     NAMESPACE,
     container,
     find,
-    helm,
     render,
     set_values,
 )

@@ -8,20 +8,28 @@
   message, or FAILS when ``NRI_K8S_REQUIRED=1``. Stopped at the end of the
   session, and checked for leftovers.
 
+* ``tools`` (session): Debian's kubectl and jq (``tests/_tools.py``), fetched once
+  and cached (``~/.cache/nri-resource-policy/tools``); the same rule when they
+  cannot be had.
+* ``cluster``: a namespace and a node of the test's own on ``k8s_stack``
+  (:class:`agent_node.Cluster`), with an operator's ``kubectl`` on it; cleaned up.
+
 Every test collected under ``tests/k8s`` gets the ``k8s`` marker. Modules here
 import the stack module as ``stack`` (this directory is put on ``sys.path``).
+
+A tier that cannot set itself up goes through ``tests/_tier.unavailable``: a
+loud skip, a failure under ``CI=true`` or ``NRI_K8S_REQUIRED=1``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -29,21 +37,17 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
-from stack import Stack, StackError, build, cache_dir  # noqa: E402
+if str(_HERE.parent) not in sys.path:
+    sys.path.insert(0, str(_HERE.parent))
 
-_SKIPPED: list[str] = []
+import _tier  # noqa: E402
+import _tools  # noqa: E402
+from spec_commands import REQUIRED  # noqa: E402
+from stack import Stack, StackError, build, cache_dir  # noqa: E402
 
 
 def _unavailable(reason: str) -> NoReturn:
-    reason = reason if len(reason) < 3000 else reason[:1000] + "\n...\n" + reason[-2000:]
-    if os.environ.get("NRI_K8S_REQUIRED") == "1":
-        msg = f"K8S TIER FAILED (NRI_K8S_REQUIRED=1): {reason}"
-        print(f"\n{'!' * 20} {msg}", file=sys.stderr)
-        pytest.fail(msg, pytrace=False)
-    msg = f"K8S TESTS SKIPPED: {reason}"
-    _SKIPPED.append(msg)
-    print(f"\n{'!' * 20} {msg}", file=sys.stderr)
-    pytest.skip(msg)
+    _tier.unavailable("k8s", reason, REQUIRED)
 
 
 _ERRORS = (StackError, OSError, subprocess.SubprocessError, ImportError)
@@ -87,6 +91,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.k8s)
 
 
+@pytest.fixture(scope="session")
+def tools() -> _tools.Tools:
+    try:
+        return _tools.fetch(say=lambda m: print(m, file=sys.stderr))
+    except (_tools.ToolsError, OSError, subprocess.SubprocessError) as e:
+        _unavailable(f"cannot fetch kubectl/jq into {_tools.cache_dir()}: {e}")
+
+
+@pytest.fixture
+def cluster(k8s_stack: Stack, tools: _tools.Tools) -> Iterator[Any]:
+    from agent_node import Cluster, unique
+    from spec_commands import Kubectl
+
+    api = k8s_stack.api_client()
+    c = Cluster(k8s_stack, api, unique("ns"), unique("node"), Kubectl.on(k8s_stack, tools))
+    try:
+        yield c
+    finally:
+        try:
+            c.cleanup()
+        finally:
+            api.close()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
-    for msg in dict.fromkeys(_SKIPPED):
-        terminalreporter.write_sep("!", msg.splitlines()[0][:200], red=True, bold=True)
+    _tier.summary(terminalreporter)

@@ -57,7 +57,20 @@ What the server is, and is not:
   strategic merge patches are applied as JSON merge patches (the same result for
   the ``capacity`` map), JSON patches work as on a real server (``remove`` of a
   missing key: 422), no kubelet derives ``allocatable`` from ``capacity``.
-* No ``/apis`` root discovery: ``kubectl get x`` fails, ``kubectl get --raw`` works.
+* Pods (``/api/v1/[namespaces/NS/]pods*``, ``pods.core.fake``), Namespaces
+  (``default`` and ``kube-system`` exist; a custom resource's namespace still needs
+  no object) and DaemonSets
+  (``/apis/apps/v1/[namespaces/NS/]daemonsets*``, ``daemonsets.apps.fake``) the
+  same way (:data:`STANDINS`): stored objects only, nothing runs them; label
+  selectors work. They serve the rendered chart's objects to ``kubectl``.
+* Discovery as ``kubectl`` reads it: the proxy serves ``/api``, ``/api/v1``,
+  ``/apis`` (the upstream lists no groups of its own) and ``/apis/apps[/v1]``, so
+  ``kubectl get node``, ``kubectl -n kube-system get pod -l ...``, ``kubectl get
+  ds/NAME`` and ``kubectl get noderesourcetopologies...`` work as on a cluster
+  (``*.fake`` groups are left out of ``/apis``); ``kubectl apply -f`` and ``delete
+  -f`` of a BalloonsPolicy work too (the server validates fields: the stand-ins'
+  OpenAPI says so, see ``_openapi_v3``). No schemas in that OpenAPI: ``kubectl
+  explain`` does not work.
 * Everything listens on 127.0.0.1, on ports picked free at start; the processes are
   stopped by PID and the temporary directory is removed by ``stop()``. If the
   starting process is killed outright, its children get SIGTERM from the kernel
@@ -87,6 +100,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,33 +130,108 @@ APISERVER = "apiextensions-apiserver"
 ETCD = "etcd"
 STAMP = "build.json"
 
-#: the Node stand-in (the proxy maps /api/v1/nodes* to it)
+
+@dataclass(frozen=True)
+class StandIn:
+    """A built-in kind the apiextensions-apiserver lacks, served from a CRD of ``fake_group``.
+
+    The proxy maps the real paths (``prefix``: ``/api/v1`` or ``/apis/GROUP/v1``,
+    then ``[watch/][namespaces/NS/]PLURAL...``) onto the CRD's, rewrites
+    ``apiVersion`` both ways and serves the discovery documents kubectl reads.
+    """
+
+    kind: str
+    plural: str
+    api_version: str  # the real one: "v1", "apps/v1"
+    fake_group: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    status: bool = False  # a /status subresource (the Node's capacity is status)
+    #: the CRD's plural when it cannot be ``plural`` (the server reads
+    #: ``/apis/G/V/namespaces/NAME`` as a namespace, not as an object's name)
+    fake_plural: str = ""
+
+    @property
+    def crd_plural(self) -> str:
+        return self.fake_plural or self.plural
+
+    @property
+    def prefix(self) -> str:
+        return "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+
+    @property
+    def fake_api_version(self) -> str:
+        return f"{self.fake_group}/v1"
+
+    def crd(self) -> dict[str, Any]:
+        version: dict[str, Any] = {
+            "name": "v1",
+            "served": True,
+            "storage": True,
+            "schema": {
+                "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            },
+        }
+        if self.status:
+            version["subresources"] = {"status": {}}
+        return {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{self.crd_plural}.{self.fake_group}"},
+            "spec": {
+                "group": self.fake_group,
+                "scope": "Namespaced" if self.namespaced else "Cluster",
+                "names": {
+                    "kind": self.kind,
+                    "listKind": f"{self.kind}List",
+                    "plural": self.crd_plural,
+                    "singular": self.kind.lower(),
+                },
+                "versions": [version],
+            },
+        }
+
+    def resources(self) -> list[dict[str, Any]]:
+        """This kind's entries of its group version's ``APIResourceList``."""
+        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        main: dict[str, Any] = {
+            "name": self.plural,
+            "singularName": self.kind.lower(),
+            "namespaced": self.namespaced,
+            "kind": self.kind,
+            "verbs": verbs,
+        }
+        if self.short_names:
+            main["shortNames"] = list(self.short_names)
+        out = [main]
+        if self.status:
+            out.append(
+                {
+                    "name": f"{self.plural}/status",
+                    "singularName": "",
+                    "namespaced": self.namespaced,
+                    "kind": self.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
+        return out
+
+
+#: the built-in kinds the stack serves through stand-ins: Nodes (the agent's
+#: capacity patches, the spec's step 9.1/10 queries), the chart's DaemonSet and
+#: its Pod (the spec's step 4 and the chart README's kubectl checks), and
+#: Namespaces (kubectl looks its namespace up to explain a 404)
+STANDINS = (
+    StandIn("Node", "nodes", "v1", "core.fake", False, ("no",), status=True),
+    StandIn("Namespace", "namespaces", "v1", "core.fake", False, ("ns",), True, "nsobjects"),
+    StandIn("Pod", "pods", "v1", "core.fake", True, ("po",), status=True),
+    StandIn("DaemonSet", "daemonsets", "apps/v1", "apps.fake", True, ("ds",), status=True),
+)
+#: the Namespace objects a cluster has from the start (others are not checked)
+NAMESPACES = ("default", "kube-system")
 FAKE_GROUP = "core.fake"
 FAKE_API_VERSION = f"{FAKE_GROUP}/v1"
-NODE_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"nodes.{FAKE_GROUP}"},
-    "spec": {
-        "group": FAKE_GROUP,
-        "scope": "Cluster",
-        "names": {"kind": "Node", "listKind": "NodeList", "plural": "nodes", "singular": "node"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+NODE_CRD: dict[str, Any] = STANDINS[0].crd()
 
 APISERVER_DISABLED_ADMISSION = (
     "NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
@@ -665,7 +754,7 @@ class Stack:
         import yaml
         from kubernetes import client
 
-        docs: list[dict[str, Any]] = [NODE_CRD]
+        docs: list[dict[str, Any]] = [kind.crd() for kind in STANDINS]
         if self.crds_dir is not None:
             for f in sorted(self.crds_dir.glob("*.yaml")):
                 docs.extend(d for d in yaml.safe_load_all(f.read_text()) if d)
@@ -696,6 +785,10 @@ class Stack:
 
                 self._wait("apiserver", established, f"CRD {name} Established", timeout)
                 self._wait("apiserver", served, f"CRD {name} served", timeout)
+            core = client.CoreV1Api(api)
+            for ns in NAMESPACES:
+                core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                                       "metadata": {"name": ns}})  # fmt: skip
         self.say(f"CRDs established: {', '.join(d['metadata']['name'] for d in docs)}")
 
     # ---- for tests
@@ -744,47 +837,145 @@ class Stack:
 
 # --------------------------------------------------------------------------- node proxy
 
-_FAKE = f'"apiVersion":"{FAKE_API_VERSION}"'.encode()
-_CORE = b'"apiVersion":"v1"'
-_NODE_PATHS = ("/api/v1/nodes", "/api/v1/watch/nodes")
+_STANDIN_PATH = re.compile(r"(/watch)?(/namespaces/[^/]+)?/([^/]+)(/.*)?")
+#: the group versions only stand-ins serve ("v1", "apps/v1")
+_STANDIN_VERSIONS = tuple(dict.fromkeys(kind.api_version for kind in STANDINS))
+_FAKE_GROUPS = frozenset(kind.fake_group for kind in STANDINS)
 
 
-def _node_path(path: str) -> str | None:
-    """The stand-in's path for a core Node path, else None."""
-    for prefix in _NODE_PATHS:
-        if path == prefix or path.startswith(prefix + "/"):
-            return f"/apis/{FAKE_API_VERSION}" + path[len("/api/v1") :]
+def _standin_path(path: str) -> tuple[StandIn, str] | None:
+    """The stand-in for a built-in kind's path and the path of its CRD, else None."""
+    for kind in STANDINS:
+        if not path.startswith(kind.prefix + "/"):
+            continue
+        tail = path[len(kind.prefix) :]
+        m = _STANDIN_PATH.fullmatch(tail)
+        if m and m[3] == kind.plural and (m[2] is None or kind.namespaced):
+            watch, ns, _plural, rest = (g or "" for g in m.groups())
+            return kind, f"/apis/{kind.fake_api_version}{watch}{ns}/{kind.crd_plural}{rest}"
     return None
 
 
-def _request_to_fake(body: bytes) -> bytes:
-    """A Node/NodeList body of ``apiVersion: v1`` becomes ``core.fake/v1``."""
+def _request_to_fake(kind: StandIn, body: bytes) -> bytes:
+    """A body of the real kind (or its list) gets the stand-in's ``apiVersion``."""
     try:
         obj = json.loads(body)
     except ValueError:
         return body
     if (
         isinstance(obj, dict)
-        and obj.get("apiVersion") == "v1"
-        and obj.get("kind") in ("Node", "NodeList")
+        and obj.get("apiVersion") == kind.api_version
+        and obj.get("kind") in (kind.kind, f"{kind.kind}List")
     ):
-        obj["apiVersion"] = FAKE_API_VERSION
+        obj["apiVersion"] = kind.fake_api_version
         return json.dumps(obj).encode()
     return body
 
 
-def _response_to_core(data: bytes) -> bytes:
-    return data.replace(_FAKE, _CORE)
+def _response_to_real(kind: StandIn, data: bytes, status: int = 200) -> bytes:
+    """The stand-in's ``apiVersion`` back to the real one; in an error's Status,
+    the resource named as a real server names it (``nodes "x" not found``)."""
+    fake = f'"apiVersion":"{kind.fake_api_version}"'.encode()
+    data = data.replace(fake, f'"apiVersion":"{kind.api_version}"'.encode())
+    if status >= 400:
+        group = kind.api_version.rpartition("/")[0]
+        real = f"{kind.plural}.{group}" if group else kind.plural
+        data = data.replace(f"{kind.crd_plural}.{kind.fake_group}".encode(), real.encode())
+    return data
+
+
+def _resource_list(group_version: str) -> dict[str, Any]:
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": [
+            r for kind in STANDINS if kind.api_version == group_version for r in kind.resources()
+        ],
+    }
+
+
+def _api_group(group_version: str) -> dict[str, Any]:
+    group, version = group_version.split("/")
+    gv = {"groupVersion": group_version, "version": version}
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": [gv],
+            "preferredVersion": gv}  # fmt: skip
+
+
+def _openapi_path(gv: str) -> str:
+    """The OpenAPI v3 root's key for a group version (``api/v1``, ``apis/apps/v1``)."""
+    return "api/v1" if gv == "v1" else f"apis/{gv}"
+
+
+def _openapi_v3(gv: str) -> dict[str, Any]:
+    """The OpenAPI v3 document of a stand-in group version, as little as kubectl reads:
+    each kind's PATCH operation with its GVK and the ``fieldValidation`` parameter.
+
+    kubectl's ``--validate=strict`` (the default of ``apply``/``create``) checks
+    there whether the server validates fields itself, and for a custom resource whose
+    group it does not find, it checks the Namespace's PATCH in ``api/v1``; then it
+    sends ``fieldValidation=Strict`` and the real server validates (the CRD schema's
+    unknown fields rejected). Without this document kubectl falls back to
+    ``/openapi/v2``, which this server does not have, and refuses."""
+    group, _, version = gv.rpartition("/")
+    paths: dict[str, Any] = {}
+    for kind in STANDINS:
+        if kind.api_version != gv:
+            continue
+        ns = "/namespaces/{namespace}" if kind.namespaced else ""
+        paths[f"{kind.prefix}{ns}/{kind.plural}/{{name}}"] = {
+            "patch": {
+                "x-kubernetes-group-version-kind": {
+                    "group": group, "version": version, "kind": kind.kind},
+                "parameters": [
+                    {"name": name, "in": "query", "schema": {"type": "string"}}
+                    for name in ("dryRun", "fieldManager", "fieldValidation", "force")
+                ],
+                "responses": {"200": {"description": "OK"}},
+            }
+        }  # fmt: skip
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "nri-test stand-ins", "version": gv},
+        "paths": paths,
+        "components": {},
+    }
+
+
+def _discovery(path: str, host: str) -> dict[str, Any] | None:
+    """The discovery documents of the stand-ins' group versions (``/api``, ``/api/v1``,
+    ``/apis/apps``, ``/apis/apps/v1``); ``/apis`` itself needs the upstream's groups."""
+    path = path.rstrip("/") or "/"
+    if path == "/api":
+        return {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
+        }
+    for gv in _STANDIN_VERSIONS:
+        if path == f"/openapi/v3/{_openapi_path(gv)}":
+            return _openapi_v3(gv)
+        if path == ("/api/v1" if gv == "v1" else f"/apis/{gv}"):
+            return _resource_list(gv)
+        if gv != "v1" and path == f"/apis/{gv.split('/')[0]}":
+            return _api_group(gv)
+    return None
 
 
 def proxy_main(upstream: str, cert: str, key: str, port_file: str, port: int = 0) -> None:
     """Serve the node proxy on 127.0.0.1:``port`` (0: any) until killed (needs aiohttp).
 
-    Plain HTTP, no auth. ``/api/v1/nodes*`` goes to the ``nodes.core.fake`` CRD with
-    the apiVersion rewritten both ways (also inside watch streams, line by line),
-    strategic merge patch turned into merge patch, a missing Content-Type defaulted to
-    JSON; everything else is passed through. Upstream requests use the admin client
-    certificate. The bound port is written to ``port_file`` once listening.
+    Plain HTTP, no auth. The paths of the :data:`STANDINS` (``/api/v1/nodes*``,
+    ``/api/v1/[namespaces/NS/]pods*``, ``/apis/apps/v1/[namespaces/NS/]daemonsets*``)
+    go to their ``*.fake`` CRDs with the apiVersion rewritten both ways (also inside
+    watch streams, line by line), strategic merge patch turned into merge patch, a
+    missing Content-Type defaulted to JSON. Discovery as kubectl reads it is served
+    here: ``/api``, ``/api/v1``, ``/apis/apps[/v1]`` from the stand-ins, ``/apis`` from
+    the upstream's groups (which it does not list: 404 there) without the ``*.fake``
+    ones (legacy discovery: kubectl asks for the aggregated kind first and accepts
+    a plain ``APIGroupList``), and ``/openapi/v3`` with the stand-ins' group
+    versions added (see :func:`_openapi_v3`). Everything else is passed through. Upstream requests
+    use the admin client certificate. The bound port is written to ``port_file`` once listening.
     """
     import asyncio
     import logging
@@ -799,23 +990,70 @@ def proxy_main(upstream: str, cert: str, key: str, port_file: str, port: int = 0
     sslctx.verify_mode = ssl.CERT_NONE
     sslctx.load_cert_chain(cert, key)
 
+    async def upstream_json(session: aiohttp.ClientSession, path: str) -> Any:
+        """The upstream's JSON at ``path``; None for 404 (a CRD's group not served yet)."""
+        async with session.get(URL(upstream + path, encoded=True), ssl=sslctx) as up:
+            if up.status == 404:
+                return None
+            up.raise_for_status()
+            return await up.json()
+
+    async def api_groups(session: aiohttp.ClientSession) -> dict[str, Any]:
+        """``/apis``: the upstream's groups (which it does not list itself) and the
+        stand-ins' built-in groups, without the stand-ins' own ``*.fake`` groups."""
+        crds = await upstream_json(
+            session, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        )
+        names = ["apiextensions.k8s.io"] + [c["spec"]["group"] for c in crds["items"]]
+        groups = [_api_group(gv) for gv in _STANDIN_VERSIONS if gv != "v1"]
+        for name in dict.fromkeys(names):
+            if name not in _FAKE_GROUPS and (
+                group := await upstream_json(session, f"/apis/{name}")
+            ):
+                groups.append(group)
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
     async def handle(req: web.Request) -> web.StreamResponse:
         path = req.rel_url.raw_path
-        fake = _node_path(path)
+        session: aiohttp.ClientSession = req.app["session"]
+        if req.method == "GET":
+            try:
+                if path.rstrip("/") == "/apis":
+                    doc = await api_groups(session)
+                elif path == "/openapi/v3":
+                    doc = await upstream_json(session, path)
+                    for gv in _STANDIN_VERSIONS:
+                        url = f"/openapi/v3/{_openapi_path(gv)}"
+                        doc["paths"][_openapi_path(gv)] = {"serverRelativeURL": url}
+                else:
+                    doc = _discovery(path, req.host)
+            except (aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
+                return web.json_response(
+                    {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 502,
+                     "message": f"node proxy: discovery from {upstream}: {e}"},
+                    status=502,
+                )  # fmt: skip
+            if doc is not None:
+                return web.json_response(doc)
+        standin = _standin_path(path)
         body = await req.read()
         headers = {k: v for k, v in req.headers.items() if k.lower() in ("content-type", "accept")}
         if body and "Content-Type" not in headers:
             headers["Content-Type"] = "application/json"
-        if fake is not None:
-            path = fake
-            body = _request_to_fake(body) if body else body
+        kind: StandIn | None = None
+        if standin is not None:
+            kind, path = standin
+            body = _request_to_fake(kind, body) if body else body
             ctype = headers.get("Content-Type", "")
             if ctype.startswith("application/strategic-merge-patch+json"):
                 headers["Content-Type"] = "application/merge-patch+json"
         qs = req.rel_url.raw_query_string
         url = URL(upstream + path + (f"?{qs}" if qs else ""), encoded=True)
         watch = req.query.get("watch", "").lower() in ("true", "1", "t") or "/watch/" in path
-        session: aiohttp.ClientSession = req.app["session"]
+
+        def real(data: bytes, status: int = 200) -> bytes:
+            return _response_to_real(kind, data, status) if kind is not None else data
+
         try:
             async with session.request(
                 req.method, url, data=body or None, headers=headers, ssl=sslctx
@@ -825,9 +1063,8 @@ def proxy_main(upstream: str, cert: str, key: str, port_file: str, port: int = 0
                     out_headers["Warning"] = ", ".join(up.headers.getall("Warning"))
                 if not watch:
                     data = await up.read()
-                    if fake is not None:
-                        data = _response_to_core(data)
-                    return web.Response(status=up.status, body=data, headers=out_headers)
+                    body = real(data, up.status)
+                    return web.Response(status=up.status, body=body, headers=out_headers)
                 resp = web.StreamResponse(status=up.status, headers=out_headers)
                 await resp.prepare(req)
                 buf = b""
@@ -835,11 +1072,9 @@ def proxy_main(upstream: str, cert: str, key: str, port_file: str, port: int = 0
                     buf += chunk
                     *lines, buf = buf.split(b"\n")
                     for line in lines:
-                        await resp.write(
-                            (_response_to_core(line) if fake is not None else line) + b"\n"
-                        )
+                        await resp.write(real(line) + b"\n")
                 if buf:
-                    await resp.write(_response_to_core(buf) if fake is not None else buf)
+                    await resp.write(real(buf))
                 await resp.write_eof()
                 return resp
         except aiohttp.ClientError as e:
@@ -918,7 +1153,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"kubeconfig: {st.kubeconfig}")
                 print(f"direct:     {st.direct_kubeconfig}")
                 print(f"logs:       {st.work_dir}/{{etcd,apiserver,proxy}}.log")
-                print(f"try:        kubectl --kubeconfig {st.kubeconfig} get --raw /api/v1/nodes")
+                print(f"try:        kubectl --kubeconfig {st.kubeconfig} get nodes")
                 print("Ctrl-C stops", flush=True)
                 while not stop and all(p.poll() is None for p in st.procs.values()):
                     time.sleep(0.5)

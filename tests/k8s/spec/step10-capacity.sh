@@ -1,0 +1,2 @@
+kubectl get node -o jsonpath='{.items[0].status.capacity}' \
+    | jq 'with_entries(select(.key | startswith("cpuclass")))'
