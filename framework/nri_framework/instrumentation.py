@@ -16,12 +16,16 @@ port ``0`` picks a free port (logged).
 Health (``/healthz``): an NRI plugin is *healthy* when the runtime can hand
 it decisions, that is when all of these hold:
 
-1. the policy started (``policy_start`` returned; the server starts after it),
-2. the plugin is registered with the runtime (its RegisterPlugin answered),
-3. the runtime configured it (Configure: the event subscription is set), and
+1. the policy started (``policy_start`` returned); the server starts before
+   it, so that a pod lacking a path the start needs (sysfs, a writable state
+   directory: :mod:`nri_framework.startup`) answers with that path as the reason,
+2. the plugin is registered with the runtime (its RegisterPlugin answered;
+   else the reason names the socket and why it cannot be connected to),
+3. the runtime configured it (Configure: the event subscription is set),
 4. the runtime synchronized it (Synchronize: the policy knows every running
    container), or the runtime never synchronizes this plugin (a pre-launched
-   plugin of an NRI before v0.10, which restores from its state file instead).
+   plugin of an NRI before v0.10, which restores from its state file instead), and
+5. the SST helper's socket is there, when ``--sst-helper`` names one.
 
 Then ``200 ok``; otherwise ``503`` with the first condition that fails as the
 reason (upstream answers 500 with per-checker errors; a probe treats both as
@@ -61,6 +65,7 @@ from nri_framework import __version__
 
 if TYPE_CHECKING:
     from nri_framework.host import PolicyHost
+    from nri_framework.startup import HelperWatch, Startup
     from nri_framework.stub import PluginStub
 
 log = logging.getLogger("nri_framework.instrumentation")
@@ -146,6 +151,14 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         host = self.inst.host
+        healthy = GaugeMetricFamily(
+            HOST_PREFIX + "healthy",
+            "1 when registered, configured and synchronized by the NRI runtime (/healthz)",
+            value=1 if self.inst.health().ok else 0,
+        )
+        if host is None:  # still starting: the pod lacks a path (see /healthz)
+            yield healthy
+            return
         info = GaugeMetricFamily(
             HOST_PREFIX + "build_info",
             "The plugin's version and active policy",
@@ -153,11 +166,7 @@ class _Collector:
         )
         info.add_metric([__version__, host.policy_name], 1)
         yield info
-        yield GaugeMetricFamily(
-            HOST_PREFIX + "healthy",
-            "1 when registered, configured and synchronized by the NRI runtime (/healthz)",
-            value=1 if self.inst.health().ok else 0,
-        )
+        yield healthy
         yield GaugeMetricFamily(
             HOST_PREFIX + "pods", "Pod sandboxes known from the runtime", value=len(host.pods)
         )
@@ -187,11 +196,25 @@ class Instrumentation:
         ``None`` (tests of the exposition alone) reports healthy once the
         host was synchronized.
     :param address: where to listen, see :func:`parse_address`.
+    :param startup: the start-up still waiting for the pod's paths (``host``
+        is ``None`` until it is done: :meth:`attach` then); its obstacle is
+        the reason ``/healthz`` fails.
+    :param helper: the watch on the SST helper's socket: unhealthy while it is missing.
     """
 
-    def __init__(self, host: PolicyHost, stub: PluginStub | None, address: str) -> None:
+    def __init__(
+        self,
+        host: PolicyHost | None,
+        stub: PluginStub | None,
+        address: str,
+        *,
+        startup: Startup | None = None,
+        helper: HelperWatch | None = None,
+    ) -> None:
         self.host = host
         self.stub = stub
+        self.startup = startup
+        self.helper = helper
         self.address = address
         self.bind = parse_address(address)
         self.started = time.monotonic()
@@ -225,6 +248,10 @@ class Instrumentation:
             out.append(f"[{name[0]}]:{name[1]}" if ":" in name[0] else f"{name[0]}:{name[1]}")
         return out
 
+    def attach(self, host: PolicyHost, stub: PluginStub, helper: HelperWatch | None) -> None:
+        """The start-up is done: report the policy host and its NRI stub."""
+        self.host, self.stub, self.helper = host, stub, helper
+
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
@@ -236,6 +263,10 @@ class Instrumentation:
 
     def health(self) -> Health:
         """See the module documentation for what healthy means."""
+        if self.startup is not None and self.startup.obstacle is not None:
+            return Health(False, f"cannot start: {self.startup.obstacle}")
+        if self.host is None:
+            return Health(False, "starting")
         stub = self.stub
         if stub is None:
             if self.host.synchronized:
@@ -246,15 +277,20 @@ class Instrumentation:
         session = stub.session
         if session is None or not stub.connected.is_set():
             where = f"fd {stub.opts.fd}" if stub.opts.fd is not None else f"{stub.opts.socket_path}"
-            return Health(False, f"not registered with the NRI runtime ({where})")
+            why = f": {stub.obstacle}" if stub.obstacle is not None else ""
+            return Health(False, f"not registered with the NRI runtime ({where}){why}")
         if not session.configured.is_set():
             return Health(False, "registered, waiting for the runtime's Configure")
         no_sync = stub.opts.fd is not None and session.nri_version < (0, 10)
         if not session.synchronized.is_set() and not no_sync:
             return Health(False, "configured, waiting for the runtime's Synchronize")
+        if self.helper is not None and self.helper.obstacle is not None:
+            return Health(False, f"SST helper unreachable: {self.helper.obstacle}")
         return Health(True, "ok")
 
     def policy_families(self) -> list[MetricFamily]:
+        if self.host is None:
+            return []
         try:
             results = self.host.hook.policy_collect_metrics()
         except Exception:
@@ -270,6 +306,8 @@ class Instrumentation:
         """The JSON document of ``/debug/state``."""
         host = self.host
         health = self.health()
+        if host is None:
+            return {"health": {"ok": health.ok, "reason": health.reason}}
         opts = self.stub.opts if self.stub is not None else None
         try:
             policy = host.hook.policy_inspect()
@@ -391,7 +429,11 @@ def _parse_head(head: bytes) -> tuple[str, str, str]:
 
 
 async def start_instrumentation(
-    host: PolicyHost, stub: PluginStub | None, address: str
+    host: PolicyHost | None,
+    stub: PluginStub | None,
+    address: str,
+    *,
+    startup: Startup | None = None,
 ) -> Instrumentation | None:
     """The endpoint listening on ``address``; ``None`` when ``address`` is empty.
 
@@ -400,7 +442,7 @@ async def start_instrumentation(
     chart's probes then fail, which shows the problem)."""
     if not address:
         return None
-    inst = Instrumentation(host, stub, address)
+    inst = Instrumentation(host, stub, address, startup=startup)
     try:
         await inst.start()
     except OSError as exc:
