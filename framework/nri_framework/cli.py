@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from nri_sst.retry import Backoff
+from nri_sst.retry import Backoff, Obstacle
 
 from nri_framework import __version__, logsetup
 from nri_framework.configfile import Reloader
@@ -21,7 +21,6 @@ from nri_framework.instrumentation import Instrumentation, parse_address, start_
 from nri_framework.registry import PolicyNotFound, list_policies, load_policy
 from nri_framework.startup import (
     HelperWatch,
-    Obstacle,
     Startup,
     state_dir_obstacle,
     sysfs_obstacle,

@@ -31,11 +31,10 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nri_sst.retry import Backoff, Reporter
+from nri_sst.retry import Backoff, Obstacle, Reporter
 
 from nri_framework.topology import SYS_CPU, TopologyError
 
@@ -69,19 +68,6 @@ HELPER_SOCKET_FIX = (
     "the sst-helper container has not created it: see that container's log; both containers "
     "must mount the chart's emptyDir volume sst-ipc at /run/nri-sst"
 )
-
-
-@dataclass(frozen=True)
-class Obstacle:
-    """Why the plugin cannot work in this pod: ``path`` is ``problem``; ``fix``
-    names what to change (the chart's value or volume)."""
-
-    path: str
-    problem: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.path} {self.problem}: {self.fix}"
 
 
 def _problem(exc: OSError) -> str:

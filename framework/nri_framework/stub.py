@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
-from nri_sst.retry import Backoff, Reporter
+from nri_sst.retry import Backoff, Obstacle, Reporter
 
 from nri_framework import convert
 from nri_framework.hookspecs import PolicyError
@@ -38,7 +38,7 @@ from nri_framework.nri.ttrpc import (
 )
 from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.pb import nri_pb2 as pb
-from nri_framework.startup import Obstacle, Pause, nri_socket_obstacle
+from nri_framework.startup import Pause, nri_socket_obstacle
 
 log = logging.getLogger("nri_framework.stub")
 

@@ -25,6 +25,19 @@ from dataclasses import dataclass, field
 REPEAT_EVERY = 64
 
 
+@dataclass(frozen=True)
+class Obstacle:
+    """Why a process cannot work in this pod, as its one line: ``path`` is
+    ``problem``; ``fix`` names what to change (the chart's value or volume)."""
+
+    path: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path} {self.problem}: {self.fix}"
+
+
 def worth_reporting(attempt: int) -> bool:
     """Whether the ``attempt``-th failure (1-based) of one problem is logged."""
     return attempt > 0 and (attempt & (attempt - 1) == 0 or attempt % REPEAT_EVERY == 0)
