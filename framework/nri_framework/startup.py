@@ -240,6 +240,7 @@ class HelperWatch:
             else:
                 self.reporter.failed(f"SST helper unreachable: {self.obstacle}")
                 delay = self.backoff.next()
+                log.debug("SST helper socket check %d failed", self.reporter.attempts)
             await self.pause(delay)
 
     async def stop(self) -> None:
