@@ -62,6 +62,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from nri_framework import __version__
+from nri_framework.startup import journal_obstacle
 
 if TYPE_CHECKING:
     from nri_framework.host import PolicyHost
@@ -284,6 +285,9 @@ class Instrumentation:
         no_sync = stub.opts.fd is not None and session.nri_version < (0, 10)
         if not session.synchronized.is_set() and not no_sync:
             return Health(False, "configured, waiting for the runtime's Synchronize")
+        journal = self.host.journal
+        if journal is not None and journal.failing:
+            return Health(False, f"cannot write the decision journal: {journal_obstacle(journal)}")
         if self.helper is not None and self.helper.obstacle is not None:
             return Health(False, f"SST helper unreachable: {self.helper.obstacle}")
         return Health(True, "ok")

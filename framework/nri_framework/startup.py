@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
+from nri_framework.journal import Journal
 from nri_framework.topology import SYS_CPU, TopologyError
 
 log = logging.getLogger("nri_framework.startup")
@@ -116,6 +117,15 @@ def state_dir_obstacle(state_dir: str | os.PathLike[str]) -> Obstacle | None:
     except OSError as exc:
         return Obstacle(str(path), _problem(exc), STATE_DIR_FIX)
     return None
+
+
+def journal_obstacle(journal: Journal) -> Obstacle:
+    """A decision journal that cannot be written any more (after the start)."""
+    return Obstacle(
+        str(journal.path),
+        "is not writable: decisions would not survive a restart",
+        STATE_DIR_FIX,
+    )
 
 
 def nri_socket_obstacle(path: str, exc: OSError) -> Obstacle:
