@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from nri_framework.model import Container, Pod
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_framework.simulate.sysfs import write_cpu_tree
@@ -257,3 +258,38 @@ async def test_helper_socket_directory_not_shared(
         finally:
             helper.terminate()
             helper.wait(10)
+
+
+async def test_state_dir_full_after_start(paths: dict[str, Path], launch: Launch) -> None:
+    """The state directory (a 1 MiB tmpfs in the plugin's own mount namespace)
+    fills up after the start: the next decision's journal record cannot be
+    written, ``/healthz`` says so until a record is written again."""
+    unshare = _need("unshare", "a small tmpfs in a private mount namespace")
+    nsenter = _need("nsenter", "filling it")
+    write_cpu_tree(paths["host"], 4)
+    state = paths["state"]
+    state.mkdir()
+    small = f'mount -t tmpfs -o size=1m tmpfs "{state}" && exec "$@"'
+    async with SimulatedRuntime(paths["socket"]) as rt:
+        plugin = await launch(prefix=(unshare, "-m", "--propagation", "private", "sh", "-c",
+                                      small, "sh"))  # fmt: skip
+        await wait_registered(rt, plugin.proc, 20)
+        await plugin.wait_healthy()
+        inside = [nsenter, "-t", str(plugin.proc.proc.pid), "-m", "sh", "-c"]
+        fill = subprocess.run([*inside, f'cat /dev/zero > "{state}/fill"'], timeout=30)
+        assert fill.returncode != 0  # ENOSPC
+        pod = await rt.run_pod(Pod(id="", name="p", uid="u", namespace="default"))
+        # the journal's last page takes a few more records: decide until one does not fit
+        for n in range(200):
+            await rt.create_container(pod.id, Container(id="", name=f"c{n}"))
+            status, body = await plugin.health()
+            if status != 200:
+                break
+        journal = state / "pinner.journal"
+        assert status == 503, body
+        assert body.startswith(f"not ok: cannot write the decision journal: {journal} is not "
+                               "writable") and "resource-policydata" in body  # fmt: skip
+        subprocess.run([*inside, f'rm "{state}/fill"'], check=True, timeout=10)
+        await rt.create_container(pod.id, Container(id="", name="d"))
+        await plugin.wait_healthy()
+        plugin.assert_alive()
