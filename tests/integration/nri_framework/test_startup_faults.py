@@ -29,7 +29,7 @@ import pytest
 from nri_framework.model import Container, Pod
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
-from nri_framework.simulate.sysfs import write_cpu_tree
+from nri_framework.simulate.sysfs import TOPOLOGIES, write_cpu_tree, write_topology
 
 TESTS = Path(__file__).resolve().parents[2]
 for _p in (str(TESTS), str(TESTS / "integration" / "nri_sst")):
@@ -103,11 +103,11 @@ def paths(tmp_path: Path) -> dict[str, Path]:
 async def launch(paths: dict[str, Path]) -> AsyncIterator[Launch]:
     procs: list[PluginProcess] = []
 
-    async def start(*extra: str, prefix: tuple[str, ...] = ()) -> Plugin:
+    async def start(*extra: str, prefix: tuple[str, ...] = (), policy: str = "pinner") -> Plugin:
         cmd = [
             *prefix,
             sys.executable, "-m", "nri_framework", "run",
-            "--policy", "pinner",
+            "--policy", policy,
             "--nri-socket", str(paths["socket"]),
             "--host-root", str(paths["host"]),
             "--state-dir", str(paths["state"]),
@@ -293,3 +293,37 @@ async def test_state_dir_full_after_start(paths: dict[str, Path], launch: Launch
         await rt.create_container(pod.id, Container(id="", name="d"))
         await plugin.wait_healthy()
         plugin.assert_alive()
+
+
+async def test_balloons_in_a_pod_without_sysfs_nor_helper(
+    paths: dict[str, Path], launch: Launch, tmp_path: Path
+) -> None:
+    """The balloons policy as the chart runs it (``--sst-helper``): sysfs
+    missing, then present (the policy starts and pins), the helper's socket
+    directory missing until the real helper serves in it."""
+    config = TESTS / "data" / "balloons" / "test01-basic-placement" / "balloons.yaml"
+    sock = tmp_path / "sst" / "helper.sock"
+    async with SimulatedRuntime(paths["socket"]) as rt:
+        plugin = await launch("--sst-helper", f"ipc://{sock}", "--config-file", str(config),
+                              policy="balloons")  # fmt: skip
+        lines = await plugin.lines_until(START_ATTEMPT.format(n=ATTEMPTS), 1)
+        assert reported(lines, "sys/devices/system/cpu does not exist", "hostsysfs") == 4
+        plugin.assert_alive()
+        assert (await plugin.health())[0] == 503
+        write_topology(paths["host"], TOPOLOGIES["n4c16"])
+        await wait_registered(rt, plugin.proc, 30)
+        await plugin.proc.wait_output("synchronized", timeout=20)
+        status, body = await plugin.health()
+        assert status == 503 and body.startswith(f"not ok: SST helper unreachable: {sock.parent}")
+        pod = await rt.run_pod(Pod(id="", name="p", uid="u", namespace="default"))
+        assert (await rt.create_container(pod.id, Container(id="", name="c"))).cpus
+        sock.parent.mkdir()
+        write_topology(tmp_path / "helper-host", TOPOLOGIES["n4c16"])
+        cmd = helper_command(tmp_path / "helper-host", f"ipc://{sock}", tmp_path / "sim.json")
+        helper = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+        try:
+            await plugin.wait_healthy()
+            plugin.assert_alive()
+        finally:
+            helper.terminate()
+            helper.wait(10)
