@@ -32,6 +32,11 @@ reason (upstream answers 500 with per-checker errors; a probe treats both as
 failure). While the runtime restarts, the plugin is unhealthy until it has
 reconnected and been synchronized again.
 
+``/livez``: ``200 ok`` whenever the process answers at all, also while it
+waits for a path the pod lacks: the liveness probe's endpoint, so that the
+kubelet does not restart (and crash-loop) a plugin that is waiting on
+purpose; ``/healthz`` is the readiness.
+
 ``/metrics``: the Prometheus text exposition (OpenMetrics when the scraper
 asks for it) of the process (``process_*``, ``python_*``), of the host
 (``nri_resource_policy_*``) and of the policy: what
@@ -78,7 +83,7 @@ MAX_REQUEST = 8192
 """Bytes of request line and headers we read at most."""
 READ_TIMEOUT = 5.0
 """Seconds a client has to send its request."""
-ROUTES = ("/healthz", "/metrics", "/debug/state")
+ROUTES = ("/healthz", "/livez", "/metrics", "/debug/state")
 
 
 class AddressError(ValueError):
@@ -363,6 +368,8 @@ class Instrumentation:
         if method not in ("GET", "HEAD"):
             return _plain(405, f"method {method} not allowed")
         path = urlsplit(target).path
+        if path == "/livez":  # the process answers: what a liveness probe should ask
+            return _plain(200, "ok")
         if path == "/healthz":
             health = self.health()
             if health.ok:

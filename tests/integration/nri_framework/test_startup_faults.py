@@ -54,10 +54,10 @@ class Plugin:
         self.proc = proc
         self.port = port
 
-    async def health(self) -> tuple[int, str]:
+    async def health(self, path: str = "/healthz") -> tuple[int, str]:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         try:
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             data = await asyncio.wait_for(reader.read(), 10)
         finally:
             writer.close()
@@ -137,6 +137,7 @@ async def test_sysfs_not_mounted(paths: dict[str, Path], launch: Launch) -> None
         plugin.assert_alive()
         status, body = await plugin.health()
         assert status == 503 and body.startswith(f"not ok: {line}: ") and "hostsysfs" in body
+        assert await plugin.health("/livez") == (200, "ok\n")  # waiting on purpose: alive
         assert not rt.plugins
         write_cpu_tree(paths["host"], 4)  # sysfs is there now
         await wait_registered(rt, plugin.proc, 20)
