@@ -328,3 +328,23 @@ async def test_balloons_in_a_pod_without_sysfs_nor_helper(
         finally:
             helper.terminate()
             helper.wait(10)
+
+
+async def test_sysfs_incomplete(paths: dict[str, Path], launch: Launch) -> None:
+    """``online`` there, the CPUs' topology not (a tree the balloons policy's
+    topology cannot be read from): the same line and retries, naming the
+    missing file."""
+    cpu = paths["host"] / "sys" / "devices" / "system" / "cpu"
+    cpu.mkdir(parents=True)
+    (cpu / "online").write_text("0-3\n")
+    config = TESTS / "data" / "balloons" / "test01-basic-placement" / "balloons.yaml"
+    async with SimulatedRuntime(paths["socket"]) as rt:
+        plugin = await launch("--config-file", str(config), policy="balloons")
+        lines = await plugin.lines_until(START_ATTEMPT.format(n=ATTEMPTS), 1)
+        assert reported(lines, f"cannot start: {cpu / 'cpu0'}", "is unusable", "hostsysfs") == 4
+        plugin.assert_alive()
+        assert (await plugin.health())[0] == 503
+        shutil.rmtree(paths["host"] / "sys")
+        write_topology(paths["host"], TOPOLOGIES["n4c16"])
+        await wait_registered(rt, plugin.proc, 20)
+        await plugin.wait_healthy()
