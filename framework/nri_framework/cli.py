@@ -8,14 +8,23 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from nri_sst.retry import Backoff, Obstacle
 
 from nri_framework import __version__, logsetup
 from nri_framework.configfile import Reloader
 from nri_framework.hookspecs import PolicyError
 from nri_framework.host import PolicyHost
-from nri_framework.instrumentation import parse_address, start_instrumentation
+from nri_framework.instrumentation import Instrumentation, parse_address, start_instrumentation
 from nri_framework.registry import PolicyNotFound, list_policies, load_policy
+from nri_framework.startup import (
+    HelperWatch,
+    Startup,
+    state_dir_obstacle,
+    sysfs_obstacle,
+)
 from nri_framework.stub import DEFAULT_SOCKET, PluginStub, StubOptions
 
 if TYPE_CHECKING:
@@ -69,6 +78,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "every interface, as the chart's config.instrumentation.httpEndpoint ':8891'); "
         "empty (default): not served",
     )
+    p.add_argument(
+        "--retry-interval",
+        default="0.5:10",
+        metavar="INITIAL[:MAX]",
+        help="seconds between attempts to reach the runtime's socket or a path the start "
+        "needs (sysfs, the state directory), doubling from INITIAL up to MAX (default 0.5:10)",
+    )
     p.add_argument("--log-level", default="info")
 
 
@@ -88,9 +104,11 @@ def run(args: argparse.Namespace) -> int:
         opts.validate()
         if args.metrics_address:
             parse_address(args.metrics_address)
+        backoff = Backoff.parse(args.retry_interval)
     except ValueError as exc:
         print(f"nri-resource-policy: {exc}", file=sys.stderr)
         return 2
+    opts.backoff_initial, opts.backoff_max = backoff.initial, backoff.maximum
     from nri_framework.agent.options import agent_options
 
     agent = agent_options(
@@ -100,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         environ=os.environ,
     )
-    try:
-        host = PolicyHost(
+
+    def make_host() -> PolicyHost:
+        return PolicyHost(
             args.policy,
             policy,
             options={
@@ -112,10 +131,45 @@ def run(args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
             host_root=args.host_root,
         )
-    except PolicyError as exc:  # e.g. an invalid --config-file: the text says why
-        log.error("cannot start policy %s: %s", args.policy, exc)
-        return 1
-    return asyncio.run(serve(host, opts, args.config_file, args.metrics_address, agent=agent))
+
+    checks: list[Callable[[], Obstacle | None]] = [lambda: sysfs_obstacle(args.host_root)]
+    if args.state_dir:
+        checks.append(lambda: state_dir_obstacle(args.state_dir))
+    startup = Startup(checks, backoff=backoff, host_root=args.host_root)
+    return asyncio.run(
+        start(startup, make_host, opts, args.config_file, args.metrics_address, agent=agent)
+    )
+
+
+async def start(
+    startup: Startup,
+    make_host: Callable[[], PolicyHost],
+    opts: StubOptions,
+    config_file: str = "",
+    metrics_address: str = "",
+    *,
+    agent: AgentOptions | None = None,
+) -> int:
+    """Start the policy host once the pod has what it needs (``startup``
+    retries meanwhile, ``/healthz`` says what is missing), then :func:`serve`."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, startup.stop)
+    instrumentation = await start_instrumentation(None, None, metrics_address, startup=startup)
+    try:
+        try:
+            host = await startup.wait(make_host)
+        except PolicyError as exc:  # e.g. an invalid --config-file: the text says why
+            log.error("cannot start the policy: %s", exc)
+            return 1
+        if host is None:
+            return 0
+        return await serve(
+            host, opts, config_file, metrics_address, agent=agent, instrumentation=instrumentation
+        )
+    finally:
+        if instrumentation is not None:
+            await instrumentation.close()
 
 
 async def serve(
@@ -125,10 +179,12 @@ async def serve(
     metrics_address: str = "",
     *,
     agent: AgentOptions | None = None,
+    instrumentation: Instrumentation | None = None,
 ) -> int:
     """Serve the runtime until SIGTERM/SIGINT. With ``agent``, the Kubernetes
     agent runs too and the policy's first configuration comes from the
-    cluster: registration with the runtime waits for it."""
+    cluster: registration with the runtime waits for it. ``instrumentation``:
+    the endpoint already serving (the start-up's), else one is started."""
     stub = PluginStub(host, opts)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -142,8 +198,15 @@ async def serve(
         f"pre-launched (fd {opts.fd})" if opts.fd is not None else f"external ({opts.socket_path})"
     )
     log.info("nri-resource-policy %s starting policy %s, %s", __version__, host.policy_name, mode)
-    instrumentation = await start_instrumentation(host, stub, metrics_address)
+    endpoint = str(host.options.get("sst_helper") or "")
+    helper = HelperWatch(endpoint, Backoff(opts.backoff_initial, opts.backoff_max))
+    if instrumentation is None:
+        instrumentation = await start_instrumentation(host, stub, metrics_address)
+    if instrumentation is not None:
+        instrumentation.attach(host, stub, helper if endpoint else None)
     k8s = None
+    if endpoint:
+        helper.start()
     try:
         if agent is not None:
             from nri_framework.agent.agent import Agent
@@ -159,6 +222,7 @@ async def serve(
                 return 0
         return await stub.run()
     finally:
+        await helper.stop()
         if reloader is not None:
             await reloader.stop()
         if k8s is not None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 import pluggy
+from nri_sst.retry import Reporter
 
 from nri_framework import hookspecs
 from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, PolicyError, hookimpl
@@ -201,6 +202,7 @@ class PolicyHost:
         self.hook = self.pm.hook
         self._update_sender: UpdateSender | None = None
         self._save_handle: asyncio.Handle | None = None
+        self._save_reporter = Reporter(log)
         self._save_urgent = False
         self._listeners: list[Callable[[], None]] = []
         self.journal = (
@@ -602,10 +604,12 @@ class PolicyHost:
                 f.write(msgspec.json.encode(state))
             os.replace(tmp, path)
         except OSError as exc:
-            log.error("failed to save state to %s: %s", path, exc)
+            # every change tries again: the line is repeated rarely (nri_sst.retry)
+            self._save_reporter.failed(f"failed to save state to {path}: {exc}")
             with contextlib.suppress(OSError):
                 tmp.unlink()
             return
+        self._save_reporter.cleared(f"state saved to {path} again")
         if self.journal is not None:
             self.journal.reset()
             self._policy_state = b""  # each journal carries the policy's state again

@@ -16,17 +16,26 @@ port ``0`` picks a free port (logged).
 Health (``/healthz``): an NRI plugin is *healthy* when the runtime can hand
 it decisions, that is when all of these hold:
 
-1. the policy started (``policy_start`` returned; the server starts after it),
-2. the plugin is registered with the runtime (its RegisterPlugin answered),
-3. the runtime configured it (Configure: the event subscription is set), and
+1. the policy started (``policy_start`` returned); the server starts before
+   it, so that a pod lacking a path the start needs (sysfs, a writable state
+   directory: :mod:`nri_framework.startup`) answers with that path as the reason,
+2. the plugin is registered with the runtime (its RegisterPlugin answered;
+   else the reason names the socket and why it cannot be connected to),
+3. the runtime configured it (Configure: the event subscription is set),
 4. the runtime synchronized it (Synchronize: the policy knows every running
    container), or the runtime never synchronizes this plugin (a pre-launched
-   plugin of an NRI before v0.10, which restores from its state file instead).
+   plugin of an NRI before v0.10, which restores from its state file instead), and
+5. the SST helper's socket is there, when ``--sst-helper`` names one.
 
 Then ``200 ok``; otherwise ``503`` with the first condition that fails as the
 reason (upstream answers 500 with per-checker errors; a probe treats both as
 failure). While the runtime restarts, the plugin is unhealthy until it has
 reconnected and been synchronized again.
+
+``/livez``: ``200 ok`` whenever the process answers at all, also while it
+waits for a path the pod lacks: the liveness probe's endpoint, so that the
+kubelet does not restart (and crash-loop) a plugin that is waiting on
+purpose; ``/healthz`` is the readiness.
 
 ``/metrics``: the Prometheus text exposition (OpenMetrics when the scraper
 asks for it) of the process (``process_*``, ``python_*``), of the host
@@ -59,9 +68,11 @@ from prometheus_client.exposition import choose_encoder
 
 from nri_framework import __version__
 from nri_framework.nri.versions import synchronizes_prelaunched
+from nri_framework.startup import journal_obstacle
 
 if TYPE_CHECKING:
     from nri_framework.host import PolicyHost
+    from nri_framework.startup import HelperWatch, Startup
     from nri_framework.stub import PluginStub
 
 log = logging.getLogger("nri_framework.instrumentation")
@@ -73,7 +84,7 @@ MAX_REQUEST = 8192
 """Bytes of request line and headers we read at most."""
 READ_TIMEOUT = 5.0
 """Seconds a client has to send its request."""
-ROUTES = ("/healthz", "/metrics", "/debug/state")
+ROUTES = ("/healthz", "/livez", "/metrics", "/debug/state")
 
 
 class AddressError(ValueError):
@@ -147,6 +158,14 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         host = self.inst.host
+        healthy = GaugeMetricFamily(
+            HOST_PREFIX + "healthy",
+            "1 when registered, configured and synchronized by the NRI runtime (/healthz)",
+            value=1 if self.inst.health().ok else 0,
+        )
+        if host is None:  # still starting: the pod lacks a path (see /healthz)
+            yield healthy
+            return
         info = GaugeMetricFamily(
             HOST_PREFIX + "build_info",
             "The plugin's version and active policy",
@@ -154,11 +173,7 @@ class _Collector:
         )
         info.add_metric([__version__, host.policy_name], 1)
         yield info
-        yield GaugeMetricFamily(
-            HOST_PREFIX + "healthy",
-            "1 when registered, configured and synchronized by the NRI runtime (/healthz)",
-            value=1 if self.inst.health().ok else 0,
-        )
+        yield healthy
         yield GaugeMetricFamily(
             HOST_PREFIX + "pods", "Pod sandboxes known from the runtime", value=len(host.pods)
         )
@@ -188,11 +203,25 @@ class Instrumentation:
         ``None`` (tests of the exposition alone) reports healthy once the
         host was synchronized.
     :param address: where to listen, see :func:`parse_address`.
+    :param startup: the start-up still waiting for the pod's paths (``host``
+        is ``None`` until it is done: :meth:`attach` then); its obstacle is
+        the reason ``/healthz`` fails.
+    :param helper: the watch on the SST helper's socket: unhealthy while it is missing.
     """
 
-    def __init__(self, host: PolicyHost, stub: PluginStub | None, address: str) -> None:
+    def __init__(
+        self,
+        host: PolicyHost | None,
+        stub: PluginStub | None,
+        address: str,
+        *,
+        startup: Startup | None = None,
+        helper: HelperWatch | None = None,
+    ) -> None:
         self.host = host
         self.stub = stub
+        self.startup = startup
+        self.helper = helper
         self.address = address
         self.bind = parse_address(address)
         self.started = time.monotonic()
@@ -226,6 +255,10 @@ class Instrumentation:
             out.append(f"[{name[0]}]:{name[1]}" if ":" in name[0] else f"{name[0]}:{name[1]}")
         return out
 
+    def attach(self, host: PolicyHost, stub: PluginStub, helper: HelperWatch | None) -> None:
+        """The start-up is done: report the policy host and its NRI stub."""
+        self.host, self.stub, self.helper = host, stub, helper
+
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
@@ -237,6 +270,10 @@ class Instrumentation:
 
     def health(self) -> Health:
         """See the module documentation for what healthy means."""
+        if self.startup is not None and self.startup.obstacle is not None:
+            return Health(False, f"cannot start: {self.startup.obstacle}")
+        if self.host is None:
+            return Health(False, "starting")
         stub = self.stub
         if stub is None:
             if self.host.synchronized:
@@ -247,15 +284,23 @@ class Instrumentation:
         session = stub.session
         if session is None or not stub.connected.is_set():
             where = f"fd {stub.opts.fd}" if stub.opts.fd is not None else f"{stub.opts.socket_path}"
-            return Health(False, f"not registered with the NRI runtime ({where})")
+            why = f": {stub.obstacle}" if stub.obstacle is not None else ""
+            return Health(False, f"not registered with the NRI runtime ({where}){why}")
         if not session.configured.is_set():
             return Health(False, "registered, waiting for the runtime's Configure")
         no_sync = stub.opts.fd is not None and not synchronizes_prelaunched(session.nri_version)
         if not session.synchronized.is_set() and not no_sync:
             return Health(False, "configured, waiting for the runtime's Synchronize")
+        journal = self.host.journal
+        if journal is not None and journal.failing:
+            return Health(False, f"cannot write the decision journal: {journal_obstacle(journal)}")
+        if self.helper is not None and self.helper.obstacle is not None:
+            return Health(False, f"SST helper unreachable: {self.helper.obstacle}")
         return Health(True, "ok")
 
     def policy_families(self) -> list[MetricFamily]:
+        if self.host is None:
+            return []
         try:
             results = self.host.hook.policy_collect_metrics()
         except Exception:
@@ -271,6 +316,8 @@ class Instrumentation:
         """The JSON document of ``/debug/state``."""
         host = self.host
         health = self.health()
+        if host is None:
+            return {"health": {"ok": health.ok, "reason": health.reason}}
         opts = self.stub.opts if self.stub is not None else None
         try:
             policy = host.hook.policy_inspect()
@@ -322,6 +369,8 @@ class Instrumentation:
         if method not in ("GET", "HEAD"):
             return _plain(405, f"method {method} not allowed")
         path = urlsplit(target).path
+        if path == "/livez":  # the process answers: what a liveness probe should ask
+            return _plain(200, "ok")
         if path == "/healthz":
             health = self.health()
             if health.ok:
@@ -392,7 +441,11 @@ def _parse_head(head: bytes) -> tuple[str, str, str]:
 
 
 async def start_instrumentation(
-    host: PolicyHost, stub: PluginStub | None, address: str
+    host: PolicyHost | None,
+    stub: PluginStub | None,
+    address: str,
+    *,
+    startup: Startup | None = None,
 ) -> Instrumentation | None:
     """The endpoint listening on ``address``; ``None`` when ``address`` is empty.
 
@@ -401,7 +454,7 @@ async def start_instrumentation(
     chart's probes then fail, which shows the problem)."""
     if not address:
         return None
-    inst = Instrumentation(host, stub, address)
+    inst = Instrumentation(host, stub, address, startup=startup)
     try:
         await inst.start()
     except OSError as exc:

@@ -192,6 +192,11 @@ class Journal:
             log.info("decision journal %s written again", self.path)
         return True
 
+    @property
+    def failing(self) -> bool:
+        """The last append could not be written (``/healthz`` reports it)."""
+        return self._failing
+
     def reset(self) -> None:
         """Empty the journal: a snapshot now holds everything in it."""
         try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
+from nri_sst.retry import Backoff, Obstacle, Reporter
 
 from nri_framework import convert
 from nri_framework.hookspecs import PolicyError
@@ -37,6 +38,7 @@ from nri_framework.nri.ttrpc import (
 )
 from nri_framework.nri.versions import runtime_nri_version, synchronizes_prelaunched
 from nri_framework.pb import nri_pb2 as pb
+from nri_framework.startup import Pause, nri_socket_obstacle
 
 log = logging.getLogger("nri_framework.stub")
 
@@ -392,16 +394,15 @@ class Session:
         return [convert.update_from_pb(u) for u in failed.failed]
 
 
-Pause = Callable[[float], Coroutine[Any, Any, None]]
-
-
 class PluginStub:
     """Runs sessions with the runtime until stopped; reconnects in external mode.
 
     Between connection attempts it waits ``backoff_initial`` seconds, doubling
     up to ``backoff_max`` while attempts fail; a connection that registered
     (the runtime was there and took us) starts the doubling over. ``pause``
-    does the waiting (default: until the delay passed or :meth:`stop`)."""
+    does the waiting (default: until the delay passed or :meth:`stop`). A
+    socket that cannot be connected to is one line naming the path and the
+    chart's volume, repeated rarely (:mod:`nri_framework.startup`)."""
 
     def __init__(self, host: PolicyHost, opts: StubOptions, *, pause: Pause | None = None) -> None:
         opts.validate()
@@ -413,6 +414,9 @@ class PluginStub:
         self.pause: Pause = pause or self._pause
         #: the last session got as far as a successful RegisterPlugin
         self.registered = False
+        #: why the runtime's socket cannot be connected to (``/healthz`` says it)
+        self.obstacle: Obstacle | None = None
+        self.reporter = Reporter(log)
 
     async def _pause(self, delay: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -436,6 +440,8 @@ class PluginStub:
         try:
             await session.register()
             self.registered = True
+            self.obstacle = None
+            self.reporter.cleared(f"NRI runtime socket {self.opts.socket_path} reachable again")
             log.info("registered as %s-%s", self.opts.index, self.opts.name)
             self.connected.set()
             stop = asyncio.create_task(self.stopping.wait())
@@ -457,15 +463,20 @@ class PluginStub:
 
     async def run(self) -> int:
         """Serve until stopped. Returns the process exit code."""
-        backoff = self.opts.backoff_initial
+        backoff = Backoff(self.opts.backoff_initial, self.opts.backoff_max)
         while not self.stopping.is_set():
             try:
                 reason = await self.run_session()
-            except (FileNotFoundError, ConnectionRefusedError, PermissionError) as exc:
+            except OSError as exc:  # no socket, nobody listening, not ours to write, ...
+                obstacle = nri_socket_obstacle(self.opts.socket_path, exc)
+                if self.opts.fd is not None:
+                    obstacle = Obstacle(f"fd {self.opts.fd}", f"is unusable ({exc})", "")
                 if not self.opts.reconnect:
-                    log.error("cannot connect to NRI runtime: %s", exc)
+                    log.error("cannot connect to NRI runtime: %s", obstacle)
                     return 1
-                log.warning("NRI runtime not reachable (%s), retrying in %.1fs", exc, backoff)
+                self.obstacle = obstacle
+                self.reporter.failed(f"NRI runtime not reachable: {obstacle}")
+                log.debug("NRI runtime not reachable (%s), retrying in %.2fs", exc, backoff.delay)
             else:
                 if self.stopping.is_set():
                     return 0
@@ -473,10 +484,9 @@ class PluginStub:
                     log.error("lost NRI runtime: %s; exiting", reason)
                     return 1
                 if self.registered:  # it served: a new outage, not the old one going on
-                    backoff = self.opts.backoff_initial
-                log.warning("lost NRI runtime: %s; reconnecting in %.1fs", reason, backoff)
-            await self.pause(backoff)
-            backoff = min(backoff * 2, self.opts.backoff_max)
+                    backoff.reset()
+                log.warning("lost NRI runtime: %s; reconnecting in %.1fs", reason, backoff.delay)
+            await self.pause(backoff.next())
         return 0
 
     def stop(self) -> None:

@@ -32,6 +32,13 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="ipc:// endpoint with an absolute path, e.g. ipc:///run/nri-sst/helper.sock",
     )
+    s.add_argument(
+        "--retry-interval",
+        default="0.5:10",
+        metavar="INITIAL[:MAX]",
+        help="seconds between looks for a missing socket directory or host sysfs, doubling "
+        "from INITIAL up to MAX (default 0.5:10)",
+    )
     i = sub.add_parser("info", help="print packages, punits and SST status")
     for q in (s, i):
         q.add_argument("--backend", choices=BACKENDS, default="auto")
@@ -56,12 +63,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     log = logging.getLogger("nri_sst")
     if args.command == "serve":
-        from nri_sst.server import ServeError, ipc_path, serve
+        from nri_sst.retry import Backoff
+        from nri_sst.server import ServeError, ipc_path, serve, wait_for_pod
 
         try:
             ipc_path(args.socket)
-        except ServeError as exc:
+            backoff = Backoff.parse(args.retry_interval)
+        except (ServeError, ValueError) as exc:
             parser.error(str(exc))
+        # before the backend probes the host: a sysfs mounted late is seen
+        if not wait_for_pod(ipc_path(args.socket), args.host_root, backoff):
+            return 0
         backend, note = make_backend(
             args.backend, args.host_root, args.sim_state, sim_config(args.sim_config)
         )

@@ -47,6 +47,7 @@ import selectors
 import signal
 import socket
 import stat
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -55,6 +56,7 @@ from nri_sst import messages as m
 from nri_sst import zmtp
 from nri_sst.backends.base import Backend
 from nri_sst.handler import RequestHandler
+from nri_sst.retry import Backoff, Obstacle, Reporter
 
 log = logging.getLogger("nri_sst")
 
@@ -529,8 +531,61 @@ class Server:
         return code
 
 
+SYSFS_FIX = (
+    "mount the node's /sys there: chart hostPath volume hostsysfs (the node's /sys at "
+    "/host/sys, --host-root /host)"
+)
+SOCKET_DIR_FIX = (
+    "share the socket's directory with the plugin: chart emptyDir volume sst-ipc, mounted at "
+    "/run/nri-sst in both the sst-helper and the plugin container"
+)
+
+
+def pod_obstacle(path: Path, host_root: Path) -> Obstacle | None:
+    """What the pod lacks for serving on ``path``: the socket's directory, or
+    the host's sysfs under ``host_root`` (both mounts of the chart's pod)."""
+    if not path.parent.is_dir():
+        return Obstacle(str(path.parent), "does not exist (the socket's directory)", SOCKET_DIR_FIX)
+    cpu = Path(host_root) / "sys/devices/system/cpu"
+    if not cpu.is_dir():
+        return Obstacle(str(cpu), "does not exist (sysfs not mounted)", SYSFS_FIX)
+    return None
+
+
+def wait_for_pod(path: Path, host_root: Path, backoff: Backoff) -> bool:
+    """Until :func:`pod_obstacle` finds nothing (``True``), retrying with
+    ``backoff`` and logging the obstacle rarely (:mod:`nri_sst.retry`): a pod
+    lacking a mount is no reason to exit into a crash loop. ``False`` when
+    SIGTERM/SIGINT came first."""
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopped.set()
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    reporter = Reporter(log)
+    attempt = 0
+    try:
+        while (obstacle := pod_obstacle(path, host_root)) is not None:
+            attempt += 1
+            reporter.failed(f"nri-sst-helper: cannot serve: {obstacle}")
+            delay = backoff.next()
+            log.debug("nri-sst-helper: attempt %d failed, retrying in %.2fs", attempt, delay)
+            if stopped.wait(delay):
+                return False
+        if attempt:
+            reporter.cleared(f"nri-sst-helper: {path.parent} and {host_root} are there now")
+        return True
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def serve(endpoint: str, backend: Backend, host_root: Path) -> int:
-    """Serve until SIGTERM; 1 when the socket cannot be served (logged why)."""
+    """Serve until SIGTERM; 1 when the socket cannot be served (logged why):
+    what is unsafe at the socket path (a symlink, a file, a live helper) is
+    refused at once (a pod lacking a mount is waited out before, by
+    :func:`wait_for_pod`)."""
     handler = RequestHandler(backend, host_root)
     backend.sync()
     try:

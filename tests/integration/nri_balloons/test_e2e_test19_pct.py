@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 from pathlib import Path
 
-import pytest
 from balloons_e2e import plugin_command
 from nri_framework import cpuset
 from nri_sst import messages as m
@@ -160,7 +158,6 @@ async def test_invalid_config_fails_the_plugin(tmp_path: Path) -> None:
     assert b"mutually exclusive" in out, out.decode()
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="sysfs fixture")
 def test_extended_resource_capacity_is_two_per_package(tmp_path: Path) -> None:
     """test19's `cpuclass.balloons.nri.io/pct-hp` = 4 (2 packages x 2)."""
     from nri_balloons.config import load_policy

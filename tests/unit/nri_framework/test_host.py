@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,26 @@ async def test_a_failing_check_is_a_rejection(caplog: pytest.LogCaptureFixture) 
     assert "keeping the running configuration" in caplog.text
     assert policy.applied == []
     host.shutdown()
+
+
+def test_a_state_dir_that_cannot_be_written_is_logged_rarely(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every change tries to save again; the failure is logged at tries 1, 2,
+    4, 8 (not at each), and once when a save works again."""
+    caplog.set_level(logging.INFO)
+    make_host(tmp_path)  # writes the CPU tree
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the state dir's parent should be")
+    host = PolicyHost(
+        "pinner", Pinner(), state_dir=blocker / "state", host_root=str(tmp_path / "root")
+    )
+    for _ in range(9):
+        host.save_now()
+    failed = [r for r in caplog.records if "failed to save state to" in r.getMessage()]
+    assert len(failed) == 4 and all(r.levelname == "ERROR" for r in failed)
+    blocker.unlink()
+    blocker.mkdir()
+    host.save_now()
+    assert any("state saved to" in r.getMessage() for r in caplog.records)
+    assert (blocker / "state" / "pinner.state.json").is_file()

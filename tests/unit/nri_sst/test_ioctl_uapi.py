@@ -2,14 +2,29 @@
 
 ``test_layouts_match_uapi_header`` fetches ``linux/isst_if.h`` from Debian
 sid's ``linux-libc-dev`` (the system's bookworm 6.1 header has no TPMI
-structs), with the private-APT-config approach of
-``tests/e2e/containerd_env.py`` (its functions are imported, only the
-sources line differs), caches the header under
-``~/.cache/nri-resource-policy/uapi`` (``$NRI_UAPI_CACHE``), writes a C program
-printing ``sizeof``/``offsetof``/field sizes of every struct we pack and every
-ioctl number, compiles it with gcc, runs it and compares every number with
-ours. It skips, loudly, only when the package cannot be fetched or gcc is
-missing.
+structs) with a private APT configuration (:mod:`_debian`), caches the
+header under ``~/.cache/nri-resource-policy/uapi`` (``$NRI_UAPI_CACHE``),
+writes a C program printing ``sizeof``/``offsetof``/field sizes of every
+struct we pack and every ioctl number, compiles it with gcc, runs it and
+compares every number with ours.
+
+gcc: the one on ``PATH``; where there is none (a fresh CI machine), Debian
+bookworm's ``gcc`` and ``libc6-dev`` with their whole closure (cpp, cc1,
+binutils' ``as``/``ld``, the C library's headers and crt files), fetched the
+same way, unpacked with ``dpkg -x`` under
+``~/.cache/nri-resource-policy/uapi-gcc`` (``$NRI_UAPI_GCC_CACHE``) and run
+in place: ``--sysroot`` at the unpacked tree (headers, crt files, the C
+library to link), its ``usr/bin`` first on ``PATH`` (``as``, ``ld``) and its
+libraries on ``LD_LIBRARY_PATH`` (cc1's isl/mpc/mpfr, binutils' own); gcc
+finds cc1 and collect2 relative to itself. The built program runs on the
+system's C library (bookworm's 2.36 or newer). ``NRI_UAPI_GCC=fetch`` uses
+the fetched one even where ``PATH`` has a gcc;
+``test_fetched_gcc_needs_no_compiler_of_the_system`` always does, with
+nothing but its own ``usr/bin`` on ``PATH``.
+
+When the header or gcc cannot be had, the check is unavailable
+(:func:`_tier.unavailable`): a loud skip outside CI, a failure under CI or
+with ``NRI_UAPI_REQUIRED=1`` (``test_under_ci_an_unavailable_check_fails``).
 
 ``test_constants_match_sst_md`` needs nothing: it pins our numbers to the
 verification output of sst.md §1.2/§1.6 (linux-libc-dev 7.2.13).
@@ -23,65 +38,152 @@ import struct
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-import pytest
 from nri_sst.backends import ioctl as io
 
-_E2E = Path(__file__).resolve().parents[2] / "e2e"
-if str(_E2E) not in sys.path:
-    sys.path.insert(0, str(_E2E))
+_TESTS = Path(__file__).resolve().parents[2]
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
 
-from containerd_env import TRIXIE_SOURCE, EnvError, _apt_config, _run  # noqa: E402
-
-UAPI_CACHE = Path(
-    os.environ.get("NRI_UAPI_CACHE") or Path.home() / ".cache" / "nri-resource-policy" / "uapi"
+import _tier  # noqa: E402
+from _debian import (  # noqa: E402
+    CommandError,
+    apt_config,
+    apt_env,
+    debian_source,
+    dpkg_extract,
+    run,
 )
-SID_SOURCE = TRIXIE_SOURCE.replace(" trixie ", " sid ")
+
+_CACHE = Path.home() / ".cache" / "nri-resource-policy"
+UAPI_CACHE = Path(os.environ.get("NRI_UAPI_CACHE") or _CACHE / "uapi")
+GCC_CACHE = Path(os.environ.get("NRI_UAPI_GCC_CACHE") or _CACHE / "uapi-gcc")
 PACKAGE = "linux-libc-dev"
 HEADER = Path("usr/include/linux/isst_if.h")
-
-
-def _loud_skip(why: str) -> NoReturn:
-    msg = f"UAPI CHECK NOT RUN: {why}"
-    print(f"\n*** {msg} ***", file=sys.stderr)
-    pytest.skip(msg)
+#: the compiler's packages (apt adds the closure), from this suite
+GCC_SUITE = "bookworm"
+GCC_PACKAGES = ("gcc", "libc6-dev")
+#: what the closure brings that compiling one small C file never runs (half its size)
+GCC_UNUSED = (
+    "usr/lib/gcc/*/*/lto1",
+    "usr/bin/*lto-dump*",
+    "usr/lib/*/lib*san.so*",
+    "usr/lib/gcc/*/*/lib*san*",
+    "usr/lib/*/libgprofng*",
+    "usr/lib/*/lib*crypto.so*",
+    "usr/lib/*/libssl.so*",
+    "usr/lib/*/libc.a",
+    "usr/lib/*/libm*.a",
+)
 
 
 def fetch_uapi_header(cache: Path = UAPI_CACHE) -> tuple[Path, str]:
-    """``(include dir, package version)``; raises ``EnvError`` when it cannot be fetched."""
+    """``(include dir, package version)``; raises ``CommandError``/``OSError``
+    when it cannot be fetched."""
     cache = cache.expanduser().resolve()
     include = cache / "include"
     stamp = cache / "version"
     if (include / "linux" / "isst_if.h").is_file() and stamp.is_file():
         return include, stamp.read_text().strip()
-    if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
-        raise EnvError("apt-get/dpkg not found")
-    conf = _apt_config(cache)  # private lists/cache/sources: the system's stay untouched
-    (cache / "apt" / "sources.list").write_text(SID_SOURCE)  # sid, not trixie (6.12 lacks 17)
-    env = dict(os.environ, APT_CONFIG=str(conf), DEBIAN_FRONTEND="noninteractive")
+    _need_apt()
+    # private lists/cache/sources (sid, not trixie: 6.12 lacks ioctl 17)
+    env = apt_env(apt_config(cache / "apt", debian_source("sid")))
     if not any((cache / "apt" / "lists").glob("*Packages*")):
-        _run(["apt-get", "update", "-q"], env=env)
+        run(["apt-get", "update", "-q"], env=env)
     debdir = cache / "debs"
     debdir.mkdir(parents=True, exist_ok=True)
     for old in debdir.glob(f"{PACKAGE}_*.deb"):
         old.unlink()
     try:
-        _run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
-    except EnvError:
-        _run(["apt-get", "update", "-q"], env=env)
-        _run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
+        run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
+    except CommandError:
+        run(["apt-get", "update", "-q"], env=env)
+        run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
     debs = sorted(debdir.glob(f"{PACKAGE}_*.deb"))
     if not debs:
-        raise EnvError(f"apt-get download {PACKAGE} produced no .deb")
-    version = _run(["dpkg-deb", "-f", str(debs[-1]), "Version"]).stdout.strip()
+        raise CommandError(f"apt-get download {PACKAGE} produced no .deb")
+    version = run(["dpkg-deb", "-f", str(debs[-1]), "Version"]).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
-        _run(["dpkg", "-x", str(debs[-1]), tmp])
+        run(["dpkg", "-x", str(debs[-1]), tmp])
         (include / "linux").mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(tmp) / HEADER, include / "linux" / "isst_if.h")
     stamp.write_text(version + "\n")
     return include, version
+
+
+def _need_apt() -> None:
+    missing = [t for t in ("apt-get", "dpkg", "dpkg-deb") if shutil.which(t) is None]
+    if missing:
+        raise CommandError(f"{', '.join(missing)} not found (a Debian machine is needed)")
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """How to run a C compiler: its argv prefix, its environment, where it came from."""
+
+    argv: list[str]
+    env: dict[str, str]
+    origin: str
+
+
+def fetch_gcc(cache: Path = GCC_CACHE) -> Compiler:
+    """Debian's gcc unpacked under ``cache`` (once), ready to run in place."""
+    cache = cache.expanduser().resolve()
+    root = cache / "root"
+    stamp = cache / "packages"
+    if not (stamp.is_file() and (root / "usr" / "bin" / "gcc").exists()):
+        _need_apt()
+        # an empty dpkg status of its own: the whole closure, whatever this machine has
+        env = apt_env(apt_config(cache / "apt", debian_source(GCC_SUITE), own_status=True))
+        debdir = cache / "debs"
+        (debdir / "partial").mkdir(parents=True, exist_ok=True)
+        download = [
+            "apt-get", "install", "--download-only", "-y", "-q", "--no-install-recommends",
+            "-o", f"Dir::Cache::archives={debdir}", *GCC_PACKAGES,
+        ]  # fmt: skip
+        if not any((cache / "apt" / "lists").glob("*Packages*")):
+            run(["apt-get", "update", "-q"], env=env)
+        try:
+            run(download, env=env)
+        except CommandError:  # stale lists: the archive moved on
+            run(["apt-get", "update", "-q"], env=env)
+            run(download, env=env)
+        debs = sorted(debdir.glob("*.deb"))
+        if not debs:
+            raise CommandError(f"apt-get install --download-only {GCC_PACKAGES} got no .deb")
+        tmp = cache / "root.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        dpkg_extract(debs, tmp)
+        shutil.rmtree(tmp / "usr" / "share", ignore_errors=True)  # docs, man pages, locales
+        for pattern in GCC_UNUSED:
+            for path in tmp.glob(pattern):
+                path.unlink()
+        shutil.rmtree(root, ignore_errors=True)
+        tmp.rename(root)
+        stamp.write_text("".join(f"{d.name}\n" for d in debs))
+        for deb in debs:
+            deb.unlink()
+    libs = [str(d) for d in sorted((root / "usr" / "lib").glob("*-linux-gnu")) if d.is_dir()]
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(root / "usr" / "bin"), env.get("PATH", "")])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
+    return Compiler([str(root / "usr" / "bin" / "gcc"), f"--sysroot={root}"], env,
+                    f"Debian {GCC_SUITE} gcc under {root}")  # fmt: skip
+
+
+def find_gcc(cache: Path = GCC_CACHE) -> Compiler:
+    """The gcc on ``PATH``, else (or with ``NRI_UAPI_GCC=fetch``) :func:`fetch_gcc`."""
+    gcc = shutil.which("gcc")
+    if gcc is not None and os.environ.get("NRI_UAPI_GCC") != "fetch":
+        return Compiler([gcc], dict(os.environ), gcc)
+    return fetch_gcc(cache)
+
+
+def _unavailable(why: str) -> NoReturn:
+    _tier.unavailable("uapi check", why, "NRI_UAPI_REQUIRED")
 
 
 def _fsize(code: str, count: int) -> int:
@@ -139,39 +241,87 @@ def c_program() -> str:
     return "\n".join(lines)
 
 
-def test_layouts_match_uapi_header(tmp_path: Path) -> None:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        _loud_skip("gcc is missing (apt-get install gcc)")
+def _header() -> tuple[Path, str]:
     try:
-        include, version = fetch_uapi_header()
-    except (EnvError, OSError, subprocess.TimeoutExpired) as exc:
-        _loud_skip(f"cannot fetch {PACKAGE} from Debian sid: {exc}")
+        return fetch_uapi_header()
+    except (CommandError, OSError, subprocess.TimeoutExpired) as exc:
+        _unavailable(f"cannot fetch {PACKAGE} from Debian sid: {exc}")
+
+
+def check_layouts(gcc: Compiler, include: Path, version: str, work: Path) -> None:
+    """Compile and run the C program with ``gcc``; its numbers must equal ours."""
     text = (include / "linux" / "isst_if.h").read_text()
     assert "struct isst_tpmi_instance_count" in text, f"{PACKAGE} {version} has no TPMI structs"
     assert "ISST_IF_GET_PERF_LEVEL_FABRIC_INFO" in text, (
         f"{PACKAGE} {version} has no ioctl 17 (GET_PERF_LEVEL_FABRIC_INFO)"
     )
-    src = tmp_path / "uapi.c"
+    src = work / "uapi.c"
     src.write_text(c_program())
-    exe = tmp_path / "uapi"
+    exe = work / "uapi"
     cc = subprocess.run(
-        [gcc, "-std=gnu11", "-Wall", "-Werror", f"-I{include}", str(src), "-o", str(exe)],
+        [*gcc.argv, "-std=gnu11", "-Wall", "-Werror", f"-I{include}", str(src), "-o", str(exe)],
         capture_output=True,
         text=True,
         check=False,
+        env=gcc.env,
     )
-    assert cc.returncode == 0, f"gcc failed against {PACKAGE} {version}:\n{cc.stderr}"
-    run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
+    assert cc.returncode == 0, f"{gcc.origin} failed against {PACKAGE} {version}:\n{cc.stderr}"
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
     got: dict[str, int] = {}
-    for line in run.stdout.splitlines():
+    for line in out.stdout.splitlines():
         key, _, value = line.rpartition(" ")
         got[key] = int(value)
     want = expected()
     assert set(got) == set(want)
     diffs = {k: (want[k], got[k]) for k in want if want[k] != got[k]}
     assert not diffs, f"ours vs {PACKAGE} {version} (ours, header): {diffs}"
-    print(f"UAPI check: {len(want)} numbers equal to {PACKAGE} {version}", file=sys.stderr)
+    print(
+        f"UAPI check: {len(want)} numbers equal to {PACKAGE} {version} ({gcc.origin})",
+        file=sys.stderr,
+    )
+
+
+def test_layouts_match_uapi_header(tmp_path: Path) -> None:
+    include, version = _header()
+    try:
+        gcc = find_gcc()
+    except (CommandError, OSError, subprocess.TimeoutExpired) as exc:
+        _unavailable(f"no gcc on PATH and cannot fetch Debian {GCC_SUITE}'s: {exc}")
+    check_layouts(gcc, include, version, tmp_path)
+
+
+def test_fetched_gcc_needs_no_compiler_of_the_system(tmp_path: Path) -> None:
+    """Debian's gcc as a fresh CI machine gets it, with nothing of this
+    machine's toolchain in reach: ``PATH`` is only its own ``usr/bin``."""
+    include, version = _header()
+    try:
+        gcc = fetch_gcc()
+    except (CommandError, OSError, subprocess.TimeoutExpired) as exc:
+        _unavailable(f"cannot fetch Debian {GCC_SUITE}'s gcc: {exc}")
+    own = gcc.env["PATH"].split(os.pathsep)[0]
+    alone = Compiler(gcc.argv, {**gcc.env, "PATH": own}, gcc.origin)
+    check_layouts(alone, include, version, tmp_path)
+
+
+def test_under_ci_an_unavailable_check_fails(tmp_path: Path) -> None:
+    """No apt, no gcc, nothing cached, ``CI=true``: the check fails, loudly."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    env = {
+        **os.environ,
+        "CI": "true",
+        "PATH": str(bare),
+        "NRI_UAPI_GCC": "fetch",
+        "NRI_UAPI_CACHE": str(tmp_path / "uapi"),
+        "NRI_UAPI_GCC_CACHE": str(tmp_path / "gcc"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         f"{__file__}::test_layouts_match_uapi_header"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "UAPI CHECK FAILED (CI=true): cannot fetch linux-libc-dev" in out.stdout + out.stderr
 
 
 # sst.md §1.2 (ioctl values) and §1.3/§1.4/§1.6 (sizes and offsets), linux-libc-dev 7.2.13.

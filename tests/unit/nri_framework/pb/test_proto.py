@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import filecmp
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,11 @@ import pytest
 from nri_framework.pb import cri_pb2, nri_pb2, ttrpc_pb2
 
 ROOT = Path(__file__).resolve().parents[4]
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+import _tier  # noqa: E402
+
 GENPROTO = ROOT / "scripts" / "genproto.py"
 PB_DIR = Path("nri_framework") / "pb"
 CHECKED_IN = ROOT / "framework" / PB_DIR
@@ -37,8 +43,12 @@ def _generated_files(base: Path) -> set[str]:
 def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
     try:
         importlib.import_module("grpc_tools.protoc")
-    except ImportError as exc:
-        pytest.skip(f"grpc_tools (grpcio-tools) not importable, cannot regenerate: {exc}")
+    except ImportError as exc:  # a tox dependency: under CI this fails
+        _tier.unavailable(
+            "proto freshness",
+            f"grpc_tools (grpcio-tools) not importable, cannot regenerate: {exc}",
+            "NRI_PROTO_REQUIRED",
+        )
 
     proc = subprocess.run(
         [sys.executable, str(GENPROTO), "--out", str(tmp_path)],
@@ -426,9 +436,14 @@ def test_ttrpc_request_fields() -> None:
 
 
 def test_ttrpc_status_is_wire_compatible_with_google_rpc_status() -> None:
-    status_pb2 = pytest.importorskip(
-        "google.rpc.status_pb2", reason="googleapis-common-protos not installed"
-    )
+    try:  # googleapis-common-protos: a tox dependency, under CI this fails
+        status_pb2 = importlib.import_module("google.rpc.status_pb2")
+    except ImportError as exc:
+        _tier.unavailable(
+            "ttrpc status check",
+            f"googleapis-common-protos not installed: {exc}",
+            "NRI_PROTO_REQUIRED",
+        )
     ours = ttrpc_pb2.Status(code=3, message="bad")
     theirs = status_pb2.Status.FromString(ours.SerializeToString())
     assert (theirs.code, theirs.message) == (3, "bad")
@@ -464,8 +479,7 @@ def test_cri_services() -> None:
 
 
 def test_cri_grpc_stubs_import() -> None:
-    pytest.importorskip("grpc", reason="grpcio not installed")
-    from nri_framework.pb import cri_pb2_grpc
+    from nri_framework.pb import cri_pb2_grpc  # grpcio is a dependency of the project
 
     assert hasattr(cri_pb2_grpc, "RuntimeServiceStub")
     assert hasattr(cri_pb2_grpc, "ImageServiceStub")
@@ -537,3 +551,22 @@ def test_cri_field_numbers() -> None:
         "userns_options": 5,
     }
     assert cri_pb2.NamespaceMode.Value("NODE") == 2
+
+
+def test_under_ci_missing_tox_deps_fail(tmp_path: Path) -> None:
+    """grpcio-tools and googleapis-common-protos are tox dependencies: where
+    they cannot be imported, ``CI=true`` makes their checks fail, not skip."""
+    blocked = tmp_path / "blocked"
+    for package in ("grpc_tools", "google/rpc"):
+        (blocked / package).mkdir(parents=True)
+        (blocked / package / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
+    env = {**os.environ, "CI": "true", "PYTHONPATH": str(blocked)}
+    tests = ["test_generated_modules_are_up_to_date", "test_ttrpc_status_is_wire_compatible"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", __file__,
+         "-k", " or ".join(tests)],
+        capture_output=True, text=True, env=env, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert "2 failed" in text, text
+    assert "PROTO FRESHNESS FAILED (CI=true)" in text and "TTRPC STATUS CHECK FAILED" in text
