@@ -137,7 +137,15 @@ def run(args: argparse.Namespace) -> int:
         checks.append(lambda: state_dir_obstacle(args.state_dir))
     startup = Startup(checks, backoff=backoff, host_root=args.host_root)
     return asyncio.run(
-        start(startup, make_host, opts, args.config_file, args.metrics_address, agent=agent)
+        start(
+            startup,
+            make_host,
+            opts,
+            args.config_file,
+            args.metrics_address,
+            agent=agent,
+            policy=args.policy,
+        )
     )
 
 
@@ -149,6 +157,7 @@ async def start(
     metrics_address: str = "",
     *,
     agent: AgentOptions | None = None,
+    policy: str = "",
 ) -> int:
     """Start the policy host once the pod has what it needs (``startup``
     retries meanwhile, ``/healthz`` says what is missing), then :func:`serve`."""
@@ -160,7 +169,7 @@ async def start(
         try:
             host = await startup.wait(make_host)
         except PolicyError as exc:  # e.g. an invalid --config-file: the text says why
-            log.error("cannot start the policy: %s", exc)
+            log.error("cannot start policy %s: %s", policy, exc)
             return 1
         if host is None:
             return 0
