@@ -57,7 +57,7 @@ for _p in (_HERE, ROOT / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _debian import KEYRING, CommandError, apt_config, apt_env, dpkg_extract, run  # noqa: E402
+from _debian import KEYRING, apt_config, apt_env, dpkg_extract, run  # noqa: E402
 from dockerfile import IgnoreRules, copy_sources  # noqa: E402
 
 CHART = ROOT / "charts" / "nri-resource-policy-balloons"
@@ -489,8 +489,8 @@ def _build(cache: Path, bh: Buildah, image: Image, key: str, say: Say) -> Path:
     bh(
         "bud", "--network", "host", "--pull=never", "--layers=false", "--format", "docker",
         "--signature-policy", str(bh.policy), "--label", f"{LABEL}={key}",
-        *_trust_store(), "--ignorefile", str(image.ignorefile), "-f", str(image.dockerfile), "-t", image.ref,
-        str(ROOT),
+        *_trust_store(), "--ignorefile", str(image.ignorefile), "-f", str(image.dockerfile),
+        "-t", image.ref, str(ROOT),
         timeout=1800,
     )  # fmt: skip
     archive = archive_path(cache, image.name, key)

@@ -23,8 +23,25 @@ import shlex
 from pathlib import Path
 
 KNOWN = frozenset(
-    "FROM RUN CMD LABEL EXPOSE ENV ADD COPY ENTRYPOINT VOLUME USER WORKDIR ARG ONBUILD "
-    "STOPSIGNAL HEALTHCHECK SHELL".split()
+    [
+        "FROM",
+        "RUN",
+        "CMD",
+        "LABEL",
+        "EXPOSE",
+        "ENV",
+        "ADD",
+        "COPY",
+        "ENTRYPOINT",
+        "VOLUME",
+        "USER",
+        "WORKDIR",
+        "ARG",
+        "ONBUILD",
+        "STOPSIGNAL",
+        "HEALTHCHECK",
+        "SHELL",
+    ]
 )
 
 Instruction = tuple[str, str]
