@@ -17,9 +17,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import _tier
+import pytest
 from build import (
     BASE_ENV,
     BASE_REF,
