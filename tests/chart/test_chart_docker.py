@@ -8,14 +8,13 @@ from __future__ import annotations
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from .conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "images"))
-from dockerfile import stages  # noqa: E402
+from dockerfile import stages
 
 DOCKER = ROOT / "docker"
 
