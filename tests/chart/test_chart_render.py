@@ -285,8 +285,10 @@ def test_probes_and_prometheus_annotations(default_docs: list[dict[str, Any]]) -
     assert annotations["prometheus.io/port"] == "8891"
     plugin = container(ds["spec"]["template"]["spec"], PLUGIN)
     assert plugin["ports"] == [{"name": "http", "containerPort": 8891, "protocol": "TCP"}]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert plugin[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # liveness: the process answers; readiness: registered, configured, synchronized
+    # (a plugin waiting for a path the pod lacks must not be restarted into a crash loop)
+    assert plugin["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert plugin["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
 def test_no_http_endpoint_means_no_probes() -> None:
