@@ -123,11 +123,13 @@ def cmd_test(rest: list[str]) -> int:
     tox = [py, "-m", "tox", "--workdir", str(ROOT / ".tox")]
     envs = rest or ["ALL"]
     if envs == ["ALL"]:
-        # the envlist (unit + integration on every installed Python, lint, type),
-        # then the tiers that need more than a Python: real containerd, a real
-        # apiserver (built from Debian packages once, cached), benchmarks
+        # the envlist (unit + integration on every installed Python, lint, type,
+        # chart), then the tiers that need more than a Python: the two images
+        # (built daemonless, cached), real containerd 1.7 and 2.1 (the chart's
+        # pod on both), a real apiserver (built from Debian packages once,
+        # cached) with real kubectl and jq, benchmarks
         rc = subprocess.call([*tox, "run"], cwd=ROOT)
-        rc2 = subprocess.call([*tox, "run", "-e", "e2e,k8s,bench"], cwd=ROOT)
+        rc2 = subprocess.call([*tox, "run", "-e", "images,e2e,k8s,bench"], cwd=ROOT)
         return rc or rc2
     return subprocess.call([*tox, "run", "-e", ",".join(envs)], cwd=ROOT)
 
