@@ -424,7 +424,7 @@ class Kubelet:
             env.setdefault("KUBERNETES_SERVICE_PORT", str(sa.port))
             env.setdefault("KUBERNETES_SERVICE_PORT_HTTPS", str(sa.port))
             env.setdefault("KUBERNETES_PORT", f"tcp://{sa.host}:{sa.port}")
-        return [pb.KeyValue(key=k, value=v) for k, v in env.items()]
+        return [pb.KeyValue(key=k, value=v.encode()) for k, v in env.items()]
 
     def container_config(
         self, pod: PodObject, c: Mapping[str, Any], volumes: Mapping[str, Path]
