@@ -471,3 +471,24 @@ def test_daemonset_without_pct_pins_with_unprivileged_helper(
             pod.diag()
         )
         print(f"[daemonset] no PCT: total {time.monotonic() - t0:.1f}s")
+
+
+def test_daemonset_api_front_requires_the_token(api: Any) -> None:
+    """The in-cluster endpoint of the pod answers 401 without the projected token and
+    forwards with it (over TLS checked against the projected ca.crt)."""
+    import ssl
+
+    st, front = api
+    ctx = ssl.create_default_context(cadata=front.ca_crt.decode())
+    url = f"https://127.0.0.1:{front.port}/apis/config.nri/v1alpha1/balloonspolicies"
+    for token, want in ((None, 401), ("wrong", 401), (front.token, 200)):
+        req = urllib.request.Request(url)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+                code, body = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            code, body = e.code, e.read()
+        assert code == want, (token, code, body[:300])
+    assert json.loads(body)["items"][0]["metadata"]["name"] == "default"
