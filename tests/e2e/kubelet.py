@@ -365,7 +365,9 @@ class Kubelet:
             target.mkdir(parents=True, exist_ok=True)
         elif kind == "Directory":
             if not target.is_dir():
-                raise FileNotFoundError(f"volume {name}: hostPath {path} ({target}) is no directory")
+                raise FileNotFoundError(
+                    f"volume {name}: hostPath {path} ({target}) is no directory"
+                )
         elif kind:
             raise Unsupported(f"volume {name}: hostPath type {kind!r}")
         return target
@@ -466,7 +468,9 @@ class Kubelet:
         rt, t = self.cri.runtime, self.cri.timeout
         sandbox = self.sandbox_config(pod)
         volumes = self.volumes(pod)
-        configs = {c["name"]: self.container_config(pod, c, volumes) for c in pod.spec["containers"]}
+        configs = {
+            c["name"]: self.container_config(pod, c, volumes) for c in pod.spec["containers"]
+        }
         for cfg in configs.values():
             if self.cri.image_status(cfg.image.image) is None:
                 raise FileNotFoundError(f"image {cfg.image.image} is not imported (no registry)")

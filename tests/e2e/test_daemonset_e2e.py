@@ -339,6 +339,11 @@ def runtime_cpus(cri: CRIClient, cid: str) -> str:
     return str(info["runtimeSpec"]["linux"]["resources"]["cpu"].get("cpus", ""))
 
 
+def first(rp: RunningPod) -> str:
+    """The CRI id of the pod's (only) container."""
+    return next(iter(rp.containers.values()))
+
+
 def ids(text: str) -> set[int]:
     from nri_framework import cpuset
 
@@ -355,7 +360,7 @@ def check_pinning(cri: CRIClient, pod: PluginPod, pods: dict[str, RunningPod]) -
     balloons = {b["name"]: ids(b["cpus"]) for b in state["balloons"]}
     out = {}
     for name, rp in pods.items():
-        cid = next(iter(rp.containers.values()))
+        cid = first(rp)
         bln = state["containers"][cid]["balloon"]
         want = balloons[bln]
         got = ids(runtime_cpus(cri, cid))
@@ -384,7 +389,7 @@ def helper_clos(sst_dir: Path, cpus: set[int]) -> dict[int, int]:
 def node_with_plugin(
     allow_pct: bool, containerd_env: ContainerdEnv, cri: CRIClient, api: Any, tmp_path: Path
 ) -> Iterator[tuple[PluginPod, Kubelet, NodeDirs]]:
-    st, front = api
+    _st, front = api
     port = free_port()
     ds = find(chart_docs(allow_pct, port), "DaemonSet")
     plugin_ref, helper_ref = image_refs()
@@ -415,8 +420,8 @@ def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
 ) -> None:
     """allowPCT=true: the spec's steps 4-6 and 9.2 with the chart's pod on containerd."""
     t0 = time.monotonic()
-    with node_with_plugin(True, containerd_env, cri, api, tmp_path) as (pod, kl, dirs):
-        st, front = api
+    with node_with_plugin(True, containerd_env, cri, api, tmp_path) as (pod, kl, _dirs):
+        _st, front = api
         assert front.requests > 0 and front.rejected == 0, "the plugin used the token"
         log = pod.logs()
         assert re.search(r"mode=managed", log), pod.diag()
@@ -430,7 +435,9 @@ def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
         assert {clos[c] for c in hp} == {HP_CLOS}, clos
         assert {clos[c] for c in sets["pod-lp"]} == {LP_CLOS}, clos
         assert len(re.findall(r"associated cpus .* to CLOS 0", pod.logs())) >= 4
-        before = {n: runtime_cpus(cri, next(iter(rp.containers.values()))) for n, rp in pods.items()}
+        before = {
+            n: runtime_cpus(cri, next(iter(rp.containers.values()))) for n, rp in pods.items()
+        }
         state_before = pod.state()["policy"]["containers"]
 
         # step 9.2: the pod stopped with the chart's grace period resets SST
@@ -446,7 +453,7 @@ def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
         # a restarted plugin pod moves no container
         pod.running = None
         pod.start()
-        after = {n: runtime_cpus(cri, next(iter(rp.containers.values()))) for n, rp in pods.items()}
+        after = {n: runtime_cpus(cri, first(rp)) for n, rp in pods.items()}
         assert after == before
         state_after = pod.state()["policy"]["containers"]
         assert {c: v["balloon"] for c, v in state_after.items() if c in state_before} == {
@@ -462,7 +469,7 @@ def test_daemonset_without_pct_pins_with_unprivileged_helper(
     """allowPCT=false: the helper unprivileged with --backend none, PCT degraded, the
     spec's pods still pinned to their balloons."""
     t0 = time.monotonic()
-    with node_with_plugin(False, containerd_env, cri, api, tmp_path) as (pod, kl, dirs):
+    with node_with_plugin(False, containerd_env, cri, api, tmp_path) as (pod, kl, _dirs):
         helper_cfg = pod.running.configs[HELPER]  # type: ignore[union-attr]
         assert not helper_cfg.linux.security_context.privileged
         pods = {n: kl.run_pod(workload(n), start=False) for n in ("pod-hp-1", "pod-lp")}
@@ -478,7 +485,7 @@ def test_daemonset_api_front_requires_the_token(api: Any) -> None:
     forwards with it (over TLS checked against the projected ca.crt)."""
     import ssl
 
-    st, front = api
+    _st, front = api
     ctx = ssl.create_default_context(cadata=front.ca_crt.decode())
     url = f"https://127.0.0.1:{front.port}/apis/config.nri/v1alpha1/balloonspolicies"
     for token, want in ((None, 401), ("wrong", 401), (front.token, 200)):
