@@ -338,7 +338,6 @@ class Kubelet:
     def volumes(self, pod: PodObject) -> dict[str, Path]:
         """Every volume of ``pod`` as a host directory (created/filled as the kubelet would)."""
         out: dict[str, Path] = {}
-        base = self.work / "pods" / pod.uid / "volumes"
         for v in pod.spec.get("volumes") or []:
             name = v["name"]
             kinds = sorted(set(v) - {"name"})
@@ -350,11 +349,16 @@ class Kubelet:
                 out[name] = self._host_path(name, src["path"], src.get("type", ""))
             elif kinds[0] == "emptyDir":
                 _check(src, {"medium", "sizeLimit"}, f"volume {name} emptyDir")
-                out[name] = base / "empty-dir" / name
+                out[name] = self.volume_dir(pod, name)
                 out[name].mkdir(parents=True, exist_ok=True)
             else:
-                out[name] = self._projected(pod, base / "projected" / name, name, src)
+                out[name] = self._projected(pod, self.volume_dir(pod, name), name, src)
         return out
+
+    def volume_dir(self, pod: PodObject, name: str) -> Path:
+        """Where the emptyDir or projected volume ``name`` of ``pod`` lives on the host
+        (short: a unix socket path in it must stay under 108 bytes)."""
+        return self.work / pod.uid[:8] / name
 
     def _host_path(self, name: str, path: str, kind: str) -> Path:
         key = path.rstrip("/") or "/"

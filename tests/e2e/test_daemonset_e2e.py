@@ -37,6 +37,8 @@ import copy
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -223,7 +225,7 @@ def daemonset_images() -> dict[str, Path]:
     t0 = time.monotonic()
     try:
         out = build_images(say=lambda m: print(f"[images] {m}"))
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, OSError, RuntimeError) as exc:
         from _tier import unavailable
 
         unavailable("e2e", f"tests/images/build.py cannot build the images: {exc}",
@@ -400,7 +402,7 @@ def node_with_plugin(
         ds = with_sim_backend(ds)
     dirs = NodeDirs(tmp_path / "node", containerd_env.nri_socket.parent)
     sa = ServiceAccount(front.token, front.ca_crt, "127.0.0.1", front.port)
-    kl = kubelet_for(cri, tmp_path / "kubelet", dirs, sa, containerd_env.pod_log_dir)
+    kl = kubelet_for(cri, short_dir(tmp_path), dirs, sa, containerd_env.pod_log_dir)
     pod = PluginPod(kl, cri, containerd_env, ds)
     try:
         yield pod.start(), kl, dirs
@@ -408,11 +410,18 @@ def node_with_plugin(
         if pod.running is not None:
             with contextlib.suppress(Exception):
                 pod.stop()
+        shutil.rmtree(kl.work, ignore_errors=True)
+
+
+def short_dir(tmp_path: Path) -> Path:
+    """A short directory for the pod volumes (the helper's socket lives in one: a unix
+    socket path must stay under 108 bytes); ``node_with_plugin`` removes it."""
+    return Path(tempfile.mkdtemp(prefix="ds-", dir=os.environ.get("TMPDIR") or None))
 
 
 def sst_dir(kl: Kubelet, pod: PluginPod) -> Path:
     assert pod.running is not None
-    return kl.work / "pods" / pod.running.pod.uid / "volumes" / "empty-dir" / "sst-ipc"
+    return kl.volume_dir(pod.running.pod, "sst-ipc")
 
 
 def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
