@@ -508,3 +508,53 @@ def test_daemonset_api_front_requires_the_token(api: Any) -> None:
             code, body = e.code, e.read()
         assert code == want, (token, code, body[:300])
     assert json.loads(body)["items"][0]["metadata"]["name"] == "default"
+
+
+PROBE = (
+    "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
+    "echo NODE_NAME=$NODE_NAME KSH=$KUBERNETES_SERVICE_HOST; "
+    "touch /rootfs-probe 2>/dev/null && echo rootfs=rw || echo rootfs=ro; "
+    "cat /host/sys/devices/system/cpu/online; "
+    "touch /host/sys/probe 2>/dev/null && echo sys=rw || echo sys=ro; "
+    "ls /var/run/nri/ /run/nri-sst/ /var/run/secrets/kubernetes.io/serviceaccount/ 2>&1; "
+    "echo probe-done; trap 'exit 0' TERM; while :; do sleep 1; done"
+)
+
+
+@pytest.mark.parametrize("allow_pct", [True, False], ids=["allowPCT", "noPCT"])
+def test_daemonset_security_context_holds_in_the_runtime(
+    allow_pct: bool, containerd_env: ContainerdEnv, cri: CRIClient, tmp_path: Path
+) -> None:
+    """The chart's pod with each container's image and command replaced by busybox
+    printing what it got: the runtime applies the translated securityContext (no
+    capabilities, no_new_privs, seccomp, read-only root for the plugin; a privileged
+    helper only with allowPCT) and the mounts (6776P sysfs, NRI socket dir, token)."""
+    ds = find(chart_docs(allow_pct, 18891), "DaemonSet")
+    for c in ds["spec"]["template"]["spec"]["containers"]:
+        c["image"], c["command"], c["args"] = BUSYBOX_IMAGE, ["sh", "-c", PROBE], []
+    dirs = NodeDirs(tmp_path / "node", containerd_env.nri_socket.parent)
+    work = short_dir(tmp_path)
+    try:
+        kl = kubelet_for(cri, work, dirs, FAKE_SA, containerd_env.pod_log_dir)
+        running = kl.run_pod(PodObject.from_manifest(ds))
+        out = {}
+        for name, cid in running.containers.items():
+            cri.wait_for_output(cid, "probe-done")
+            out[name] = "\n".join(cri.container_output(cid))
+        print(json.dumps(out, indent=1))
+        plugin, helper = out[PLUGIN], out[HELPER]
+        assert re.search(r"CapEff:\s+0+\n", plugin), plugin
+        assert re.search(r"NoNewPrivs:\s+1", plugin) and re.search(r"Seccomp:\s+2", plugin)
+        assert "rootfs=ro" in plugin and "sys=ro" in plugin
+        assert f"NODE_NAME={NODE} KSH=127.0.0.1" in plugin
+        assert "0-255" in plugin and "nri.sock" in plugin and "token" in plugin
+        if allow_pct:
+            assert not re.search(r"CapEff:\s+0+\n", helper) and "sys=rw" in helper, helper
+        else:
+            assert re.search(r"CapEff:\s+0+\n", helper) and "sys=ro" in helper, helper
+            assert re.search(r"NoNewPrivs:\s+1", helper) and "rootfs=ro" in helper
+        t0 = time.monotonic()
+        kl.stop_pod(running)
+        print(f"[daemonset] busybox pod stopped in {time.monotonic() - t0:.1f}s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
