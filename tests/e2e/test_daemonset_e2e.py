@@ -483,9 +483,8 @@ def test_daemonset_without_pct_pins_with_unprivileged_helper(
         assert not helper_cfg.linux.security_context.privileged
         pods = {n: kl.run_pod(workload(n), start=False) for n in ("pod-hp-1", "pod-lp")}
         check_pinning(cri, pod, pods)
-        assert re.search(r"pct.*(degraded|unavailable|not supported|none)", pod.logs(), re.I), (
-            pod.diag()
-        )
+        line = "pct: SST not supported on this host; ignoring PCT fields in cpuClasses"
+        assert line in pod.logs(), pod.diag()
         print(f"[daemonset] no PCT: total {time.monotonic() - t0:.1f}s")
 
 
