@@ -205,22 +205,26 @@ def k8s_api(work: Path) -> Iterator[tuple[Any, ApiFront]]:
 # --------------------------------------------------------------------------- images
 
 
+def _images_module() -> ModuleType:
+    """``tests/images/build.py`` (loaded by path: ``build`` is also a PyPI package)."""
+    spec = importlib.util.spec_from_file_location(
+        "nri_images_build", _TESTS / "images" / "build.py"
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError("tests/images/build.py is missing")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def build_images(say: Any = print) -> dict[str, Path]:
     """``tests/images/build.py``'s two archives (``{"plugin": .., "sst-helper": ..}``)."""
-    sys.path.insert(0, str(_TESTS / "images"))
-    try:
-        import build as images_build  # tests/images/build.py
-    finally:
-        sys.path.remove(str(_TESTS / "images"))
-    out: dict[str, Path] = images_build.build_images(say=say)
+    out: dict[str, Path] = _images_module().build_images(say=say)
     return out
 
 
 def image_refs() -> tuple[str, str]:
     """``(PLUGIN_REF, HELPER_REF)`` of ``tests/images/build.py``."""
-    sys.path.insert(0, str(_TESTS / "images"))
-    try:
-        import build as images_build
-    finally:
-        sys.path.remove(str(_TESTS / "images"))
-    return images_build.PLUGIN_REF, images_build.HELPER_REF
+    mod = _images_module()
+    return mod.PLUGIN_REF, mod.HELPER_REF
