@@ -137,7 +137,8 @@ class ApiFront:
 
         async def handle(req: web.Request) -> web.StreamResponse:
             self.requests += 1
-            if req.headers.get("Authorization") != f"Bearer {self.token}":
+            scheme, _, token = req.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or token != self.token:  # RFC 7235: any case
                 self.rejected += 1
                 return web.json_response(
                     {"kind": "Status", "status": "Failure", "code": 401, "reason": "Unauthorized"},
