@@ -158,9 +158,12 @@ class ApiFront:
                     if k in up.headers:
                         resp.headers[k] = up.headers[k]
                 await resp.prepare(req)
-                async for chunk in up.content.iter_any():
-                    await resp.write(chunk)
-                await resp.write_eof()
+                try:
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
+                    await resp.write_eof()
+                except (aiohttp.ClientError, ConnectionError):
+                    pass  # a watch ended by either side (the plugin stopped, the stack stopped)
                 return resp
 
         app = web.Application(client_max_size=4 << 20)

@@ -49,7 +49,7 @@ from typing import Any
 import pytest
 import yaml
 from containerd_env import ContainerdEnv
-from cri_client import BUSYBOX_IMAGE, CRIClient
+from cri_client import BUSYBOX_IMAGE, CRIClient, read_cri_log
 from daemonset_fixtures import (
     EXAMPLES,
     build_images,
@@ -290,8 +290,11 @@ class PluginPod:
         self.base = self.url.rsplit("/", 1)[0]
 
     def logs(self, name: str = PLUGIN) -> str:
+        """The container's output (from its CRI log file: also once the pod is removed)."""
         assert self.running is not None
-        return "\n".join(self.cri.container_output(self.running.containers[name]))
+        rp = self.running
+        path = Path(rp.sandbox_config.log_directory) / rp.configs[name].log_path
+        return "\n".join(read_cri_log(path))
 
     def diag(self) -> str:
         return (
@@ -465,9 +468,11 @@ def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
         after = {n: runtime_cpus(cri, first(rp)) for n, rp in pods.items()}
         assert after == before
         state_after = pod.state()["policy"]["containers"]
-        assert {c: v["balloon"] for c, v in state_after.items() if c in state_before} == {
-            c: v["balloon"] for c, v in state_before.items()
+        workloads = [first(rp) for rp in pods.values()]
+        assert {c: state_after[c]["balloon"] for c in workloads} == {
+            c: state_before[c]["balloon"] for c in workloads
         }
+        assert "Traceback" not in pod.logs(), pod.diag()
         print(f"[daemonset] pct: pods {time.monotonic() - t1:.1f}s, "
               f"total {time.monotonic() - t0:.1f}s")  # fmt: skip
 
