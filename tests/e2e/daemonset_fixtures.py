@@ -48,12 +48,12 @@ def _chart_module() -> ModuleType:
     return mod
 
 
-def render_chart(values: dict[str, Any]) -> list[dict[str, Any]]:
-    """``helm template`` of the chart with ``values`` (the Helm Go SDK)."""
+def render_chart(values: dict[str, Any], namespace: str = "kube-system") -> list[dict[str, Any]]:
+    """``helm template --namespace NS`` of the chart with ``values`` (the Helm Go SDK)."""
     mod = _chart_module()
     if mod.helm is None:  # the chart tier's other checkers are not needed here
         mod.helm = importlib.import_module("helm_python")
-    docs: list[dict[str, Any]] = mod.render(values)
+    docs: list[dict[str, Any]] = mod.render(values, namespace=namespace)
     return docs
 
 

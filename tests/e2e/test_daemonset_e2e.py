@@ -106,11 +106,11 @@ def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
 class NodeDirs:
     """The test-owned directories the chart's hostPath volumes are mapped onto."""
 
-    def __init__(self, root: Path, nri_dir: Path) -> None:
-        from nri_framework.simulate.sysfs import write_topology
+    def __init__(self, root: Path, nri_dir: Path, topology: str = "xeon-6776p") -> None:
+        from nri_framework.simulate.sysfs import prepare_host_root
 
         self.root = root
-        self.host = write_topology(root / "host", "xeon-6776p")
+        self.host = prepare_host_root(topology, root)
         (self.host / "proc").mkdir(exist_ok=True)
         (self.host / "proc" / "meminfo").write_text("MemTotal:       1056964608 kB\n")
         self.dev = root / "dev"
@@ -392,18 +392,24 @@ def helper_clos(sst_dir: Path, cpus: set[int]) -> dict[int, int]:
 
 @contextlib.contextmanager
 def node_with_plugin(
-    allow_pct: bool, containerd_env: ContainerdEnv, cri: CRIClient, api: Any, tmp_path: Path
+    allow_pct: bool,
+    containerd_env: ContainerdEnv,
+    cri: CRIClient,
+    api: Any,
+    tmp_path: Path,
+    *,
+    docs: list[dict[str, Any]] | None = None,
+    topology: str = "xeon-6776p",
 ) -> Iterator[tuple[PluginPod, Kubelet, NodeDirs]]:
     _st, front = api
-    port = free_port()
-    ds = find(chart_docs(allow_pct, port), "DaemonSet")
+    ds = find(docs or chart_docs(allow_pct, free_port()), "DaemonSet")
     plugin_ref, helper_ref = image_refs()
     spec = ds["spec"]["template"]["spec"]
     assert container(spec, PLUGIN)["image"] == plugin_ref
     assert container(spec, HELPER)["image"] == helper_ref
     if allow_pct:
         ds = with_sim_backend(ds)
-    dirs = NodeDirs(tmp_path / "node", containerd_env.nri_socket.parent)
+    dirs = NodeDirs(tmp_path / "node", containerd_env.nri_socket.parent, topology)
     sa = ServiceAccount(front.token, front.ca_crt, "127.0.0.1", front.port)
     kl = kubelet_for(cri, short_dir(tmp_path), dirs, sa, containerd_env.pod_log_dir)
     pod = PluginPod(kl, cri, containerd_env, ds)
@@ -562,3 +568,47 @@ def test_daemonset_security_context_holds_in_the_runtime(
         print(f"[daemonset] busybox pod stopped in {time.monotonic() - t0:.1f}s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_daemonset_default_chart_pins_started_containers(
+    containerd_env: ContainerdEnv, cri: CRIClient, imported: None, api: Any, tmp_path: Path
+) -> None:
+    """``helm install`` with the chart's defaults (allowPCT=false, its default
+    BalloonsPolicy) on a sysfs tree the size of this machine: a Guaranteed pod starts
+    in a dedicated-cpus balloon and prints a ``Cpus_allowed_list`` equal to its CPUs."""
+    st, _front = api
+    cpus = machine_cpus()
+    if cpus != set(range(len(cpus))) or len(cpus) < 2:
+        pytest.skip(f"needs CPUs 0..N-1 (N >= 2) in this process's affinity, not {sorted(cpus)}")
+    ns = "nri-default"  # the release namespace: the chart's BalloonsPolicy lives there
+    port = free_port()
+    # the release namespace joins kube-system in the reserved pool, so that the
+    # plugin's own pod does not take this small node's only free CPU
+    config = {
+        "instrumentation": {"httpEndpoint": f"127.0.0.1:{port}"},
+        "reservedPoolNamespaces": ["kube-system", ns],
+    }
+    docs = render_chart({"config": config}, ns)
+    from kubernetes import client
+
+    with st.api_client() as c:
+        client.CustomObjectsApi(c).create_namespaced_custom_object(
+            "config.nri", "v1alpha1", ns, "balloonspolicies", find(docs, "BalloonsPolicy")
+        )
+    with node_with_plugin(
+        False, containerd_env, cri, api, tmp_path, docs=docs, topology=f"cpus:{len(cpus)}"
+    ) as (pod, kl, _dirs):
+        guaranteed = workload("pod-hp-1")  # 2 CPUs requested: more than this node has free
+        for ctr in guaranteed.spec["containers"]:
+            one = {"cpu": "1", "memory": "128Mi"}
+            ctr["resources"] = {"requests": one, "limits": one}
+        guaranteed.annotations = {}  # the chart's balloon types match by QoS class
+        # started here: without the spec's host /dev (the test's /dev dir is empty)
+        guaranteed.spec = {k: v for k, v in guaranteed.spec.items() if k != "volumes"}
+        for ctr in guaranteed.spec["containers"]:
+            del ctr["volumeMounts"], ctr["securityContext"]
+        # one pod: with CPU 0 reserved, this node has one CPU to give
+        pods = {"guaranteed": kl.run_pod(guaranteed, start=False)}
+        sets = check_pinning(cri, pod, pods)
+        assert sets["guaranteed"] <= cpus and len(sets["guaranteed"]) == 1, sets
+        print(f"[daemonset] default chart: {sets}")
