@@ -452,7 +452,15 @@ def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
         clos = helper_clos(sst_dir(kl, pod), hp | sets["pod-lp"])
         assert {clos[c] for c in hp} == {HP_CLOS}, clos
         assert {clos[c] for c in sets["pod-lp"]} == {LP_CLOS}, clos
-        assert len(re.findall(r"associated cpus .* to CLOS 0", pod.logs())) >= 4
+        log = pod.logs()
+        for line in (  # the spec's step 4 / 6.1 lines
+            'pct: cpuClass "hp-pct" classified HP (managed: pctPriority=high, CLOS 0)',
+            'pct: cpuClass "lp-pct" classified LP (managed: pctPriority=low, CLOS 3)',
+            "pct: fallback CLOS for non-PCT CPUs set to 3 (LP)",
+        ):
+            assert line in log, pod.diag()
+        assert len(re.findall(r"associated cpus .* to CLOS 0", log)) >= 4, pod.diag()
+        assert len(re.findall(r"associated cpus .* to CLOS 3", log)) >= 1, pod.diag()
         before = {
             n: runtime_cpus(cri, next(iter(rp.containers.values()))) for n, rp in pods.items()
         }
