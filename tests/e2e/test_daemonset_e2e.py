@@ -25,9 +25,11 @@ Two things this machine cannot give, and what the tests do instead:
   machine has a few. The spec's balloons lie on CPUs the kernel does not have
   (cpuset writes fail with ERANGE), so their containers are created (NRI's
   CreateContainer is where the plugin pins them, and containerd records the
-  adjustment in the container's OCI spec) but started only when their cpuset
-  exists here; a started one prints ``Cpus_allowed_list`` and must equal its
-  balloon's set.
+  adjustment in the container's OCI spec, which must equal the balloon's set)
+  but started only when their cpuset exists here; a started one prints
+  ``Cpus_allowed_list`` and must equal its balloon's set. The chart's default
+  configuration on a sysfs tree the size of this machine
+  (``test_daemonset_default_chart_pins_started_containers``) starts one.
 """
 
 from __future__ import annotations
