@@ -601,24 +601,28 @@ def test_daemonset_default_chart_pins_started_containers(
     docs = render_chart({"config": config}, ns)
     from kubernetes import client
 
+    policy = ("config.nri", "v1alpha1", ns, "balloonspolicies")
     with st.api_client() as c:
         client.CustomObjectsApi(c).create_namespaced_custom_object(
-            "config.nri", "v1alpha1", ns, "balloonspolicies", find(docs, "BalloonsPolicy")
+            *policy, find(docs, "BalloonsPolicy")
         )
-    with node_with_plugin(
-        False, containerd_env, cri, api, tmp_path, docs=docs, topology=f"cpus:{len(cpus)}"
-    ) as (pod, kl, _dirs):
-        guaranteed = workload("pod-hp-1")  # 2 CPUs requested: more than this node has free
-        for ctr in guaranteed.spec["containers"]:
+    try:
+        with node_with_plugin(
+            False, containerd_env, cri, api, tmp_path, docs=docs, topology=f"cpus:{len(cpus)}"
+        ) as (pod, kl, _dirs):
+            guaranteed = workload("pod-hp-1")  # asks for 2 CPUs: more than this node has
             one = {"cpu": "1", "memory": "128Mi"}
-            ctr["resources"] = {"requests": one, "limits": one}
-        guaranteed.annotations = {}  # the chart's balloon types match by QoS class
-        # started here: without the spec's host /dev (the test's /dev dir is empty)
-        guaranteed.spec = {k: v for k, v in guaranteed.spec.items() if k != "volumes"}
-        for ctr in guaranteed.spec["containers"]:
-            del ctr["volumeMounts"], ctr["securityContext"]
-        # one pod: with CPU 0 reserved, this node has one CPU to give
-        pods = {"guaranteed": kl.run_pod(guaranteed, start=False)}
-        sets = check_pinning(cri, pod, pods)
-        assert sets["guaranteed"] <= cpus and len(sets["guaranteed"]) == 1, sets
-        print(f"[daemonset] default chart: {sets}")
+            guaranteed.annotations = {}  # the chart's balloon types match by QoS class
+            # started here: without the spec's host /dev (the test's /dev dir is empty)
+            guaranteed.spec = {k: v for k, v in guaranteed.spec.items() if k != "volumes"}
+            for ctr in guaranteed.spec["containers"]:
+                ctr["resources"] = {"requests": one, "limits": one}
+                del ctr["volumeMounts"], ctr["securityContext"]
+            # one pod: with CPU 0 reserved, this node has one CPU to give
+            pods = {"guaranteed": kl.run_pod(guaranteed, start=False)}
+            sets = check_pinning(cri, pod, pods)
+            assert sets["guaranteed"] <= cpus and len(sets["guaranteed"]) == 1, sets
+            print(f"[daemonset] default chart: {sets}")
+    finally:  # the module's API stack serves both runtimes
+        with st.api_client() as c:
+            client.CustomObjectsApi(c).delete_namespaced_custom_object(*policy, "default")
