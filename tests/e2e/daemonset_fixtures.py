@@ -168,7 +168,7 @@ class ApiFront:
 
         app = web.Application(client_max_size=4 << 20)
         app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
         await site.start()
@@ -179,8 +179,8 @@ class ApiFront:
         try:
             await self._stop.wait()
         finally:
+            await session.close()  # ends the forwarded watches first
             await runner.cleanup()
-            await session.close()
 
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None:
