@@ -445,6 +445,8 @@ def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
         assert front.requests > 0 and front.rejected == 0, "the plugin used the token"
         log = pod.logs()
         assert re.search(r"mode=managed", log), pod.diag()
+        state = pod.state()["policy"]
+        assert state["pct_mode"] == "managed" and not state["pct_degraded"], state
         pods = {}
         for name in ("pod-hp-1", "pod-hp-2", "pod-hp-3", "pod-hp-4", "pod-lp"):
             pods[name] = kl.run_pod(workload(name), start=False)
@@ -623,6 +625,19 @@ def test_daemonset_default_chart_pins_started_containers(
             sets = check_pinning(cri, pod, pods)
             assert sets["guaranteed"] <= cpus and len(sets["guaranteed"]) == 1, sets
             print(f"[daemonset] default chart: {sets}")
+            # a restarted plugin pod moves no container: the running one keeps its CPUs
+            cid = first(pods["guaranteed"])
+            bln = pod.state()["policy"]["containers"][cid]["balloon"]
+            took = pod.stop()
+            pod.running = None
+            pod.start()
+            state = pod.state()["policy"]
+            assert state["containers"][cid]["balloon"] == bln, state
+            cpus_now = {b["name"]: ids(b["cpus"]) for b in state["balloons"]}[bln]
+            assert cpus_now == sets["guaranteed"] == ids(runtime_cpus(cri, cid)), state
+            line = cri.exec_sync(cid, ["grep", "Cpus_allowed_list", "/proc/1/status"]).stdout
+            assert ids(line.decode().split(":", 1)[1].strip()) == sets["guaranteed"], line
+            print(f"[daemonset] plugin pod restarted (stop {took:.1f}s); {cid[:12]} kept {line!r}")
     finally:  # the module's API stack serves both runtimes
         with st.api_client() as c:
             client.CustomObjectsApi(c).delete_namespaced_custom_object(*policy, "default")
