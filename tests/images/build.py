@@ -120,7 +120,6 @@ BASE_PACKAGES = (
     "dash",
     "coreutils",
     "ca-certificates",
-    "libstdc++6",  # pyzmq's bundled libzmq links it (python:3.11-slim has it)
 )
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
