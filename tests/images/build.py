@@ -110,7 +110,8 @@ _BUILDER_UNPACK = re.compile(r"^(buildah|patchelf|golang-github-containers-.*|li
 # libraries' own dependencies too) names the unpacked library directories, by
 # absolute path ($ORIGIN is ignored there: the re-exec runs in secure-execution mode).
 # The base: the interpreter, pip (with setuptools/wheel, as python:3.11-slim
-# has them), ``python`` on PATH, a shell and coreutils for RUN steps.
+# has them), ``python`` on PATH, a shell and coreutils for RUN steps, the C++
+# runtime that manylinux wheels expect of the system.
 BASE_PACKAGES = (
     "python3.11",
     "python3-pip",
@@ -120,6 +121,7 @@ BASE_PACKAGES = (
     "dash",
     "coreutils",
     "ca-certificates",
+    "libstdc++6",  # as in python:3.11-slim: binary wheels (pyzmq, grpcio) link it
 )
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -169,13 +171,18 @@ def base_key() -> str:
     return _sha(json.dumps(recipe, sort_keys=True))
 
 
-def image_key(image: Image) -> str:
-    """The hash of what goes into ``image``: base, Dockerfile, ignore file, sent files."""
-    rules = IgnoreRules(image.ignorefile.read_text())
-    parts: list[bytes | str] = [base_key(), image.ref, image.dockerfile.read_bytes()]
-    parts.append(image.ignorefile.read_bytes())
-    for rel in rules.files(ROOT, copy_sources(image.dockerfile)):
-        path = ROOT / rel
+def image_key(image: Image, context: Path = ROOT) -> str:
+    """The hash of what goes into ``image``: base, Dockerfile, ignore file, sent files.
+
+    ``context``: the build context (the repository; its ``docker/`` is read).
+    """
+    dockerfile = context / image.dockerfile.relative_to(ROOT)
+    ignorefile = context / image.ignorefile.relative_to(ROOT)
+    rules = IgnoreRules(ignorefile.read_text())
+    parts: list[bytes | str] = [base_key(), image.ref, dockerfile.read_bytes()]
+    parts.append(ignorefile.read_bytes())
+    for rel in rules.files(context, copy_sources(dockerfile)):
+        path = context / rel
         parts += [rel, oct(path.stat().st_mode & 0o111), path.read_bytes()]
     return _sha(*parts)
 
@@ -384,6 +391,20 @@ def _assemble_rootfs(debs: list[Path], root: Path, say: Say) -> None:
         env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
         timeout=900,
     )  # fmt: skip
+
+
+def run_in(cache: Path, image: str, argv: list[str], timeout: float = 300) -> str:
+    """``argv`` run in a container of ``image`` (a ref in the builder's storage, or
+    ``docker-archive:PATH``) with chroot isolation, no network; its output."""
+    bh = Buildah(cache)
+    pull = ["--signature-policy", str(bh.policy)] if ":" in image.split("/")[0] else []
+    args = ["from", "--quiet", *(pull or ["--pull=never"]), image]
+    ctr = bh(*args, timeout=timeout).strip().splitlines()[-1]
+    try:
+        return bh("run", "--network", "none", ctr, "--", *argv, timeout=timeout)
+    finally:
+        with contextlib.suppress(ImagesError):
+            bh("rm", ctr)
 
 
 def _base(cache: Path, bh: Buildah, say: Say) -> str:
