@@ -32,9 +32,12 @@ _HERE = Path(__file__).resolve().parent
 _TESTS = _HERE.parent
 REPO = _TESTS.parent
 EXAMPLES = REPO / "examples" / "pct-managed"
-for _p in (_TESTS, _TESTS / "k8s"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+# appended, not prepended: tests/k8s has a conftest.py too, and the e2e modules'
+# ``from conftest import ...`` must keep finding tests/e2e's
+if str(_TESTS / "k8s") not in sys.path:
+    sys.path.append(str(_TESTS / "k8s"))
 
 
 def _chart_module() -> ModuleType:
