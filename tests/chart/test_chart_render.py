@@ -255,6 +255,24 @@ def test_sidecar_command_line_and_shared_socket_dir(pct_docs: list[dict[str, Any
     assert "emptyDir" in volumes(spec)["sst-ipc"]
 
 
+@pytest.mark.parametrize(
+    ("exprs", "backend"),
+    [
+        (("allowPCT=true", "sstHelperBackend=tpmi"), ["--backend", "tpmi"]),
+        (
+            ("allowPCT=true", "sstHelperBackend=sim"),
+            # the simulated node's state lives in the pod's sst-ipc emptyDir
+            ["--backend", "sim", "--sim-state", "/run/nri-sst/sim-state.json"],
+        ),
+        # without allowPCT the helper never touches hardware, whatever the backend value
+        (("sstHelperBackend=sim",), ["--backend", "none"]),
+    ],
+)
+def test_sidecar_backend_value(exprs: tuple[str, ...], backend: list[str]) -> None:
+    args = container(pod_spec(render(set_values(*exprs))), HELPER)["args"]
+    assert args == ["serve", "--socket", SOCKET, *backend, "--host-root", "/host"]
+
+
 def test_config_namespace_follows_the_release_namespace() -> None:
     docs = render(namespace="nri-system")
     args = container(pod_spec(docs), PLUGIN)["args"]
@@ -376,6 +394,8 @@ def test_default_balloons_policy_is_values_config(default_docs: list[dict[str, A
         ("allowPCT=maybe", "allowPCT"),
         ("allowPct=true", "allowPct"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("sstHelperBackend=/dev/mem", "sstHelperBackend"),
+        ("sstHelperBackend=none", "sstHelperBackend"),
     ],
 )
 def test_values_schema_rejects(expr: str, message: str) -> None:

@@ -13,14 +13,10 @@ the chart's ``config`` renders it.
 
 Two things this machine cannot give, and what the tests do instead:
 
-* **The sim backend through the chart**: ``allowPCT=true`` renders ``--backend
-  auto``, and ``auto`` only picks a backend that answers on
-  ``/host/dev/isst_interface`` (there is none here: it picks ``none``). The
-  chart offers no value for the helper's arguments (``extraEnv`` is the plugin
-  container's), so the tests replace ``auto`` by ``sim --sim-state
-  /run/nri-sst/sim-state.json`` in the rendered args, and say so; a chart value
-  (e.g. ``sstHelper.backend``/``sstHelper.extraArgs``) would make that a
-  ``--set``.
+* **The sim backend**: there is no SST hardware here, so the chart is rendered
+  with ``sstHelperBackend=sim`` (as an operator would on a node without SST):
+  the helper runs ``--backend sim --sim-state /run/nri-sst/sim-state.json``, its
+  state in the pod's ``sst-ipc`` emptyDir.
 * **The 6776P's CPUs**: the plugin sees 256 CPUs in the fixture sysfs, the
   machine has a few. The spec's balloons lie on CPUs the kernel does not have
   (cpuset writes fail with ERANGE), so their containers are created (NRI's
@@ -35,7 +31,6 @@ Two things this machine cannot give, and what the tests do instead:
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import re
@@ -79,23 +74,11 @@ def spec_policy() -> dict[str, Any]:
 
 
 def chart_docs(allow_pct: bool, port: int) -> list[dict[str, Any]]:
-    """The chart as ``helm install --set allowPCT=.. -f <the spec's policy as config>``."""
+    """The chart as ``helm install --set allowPCT=.. --set sstHelperBackend=sim -f <the
+    spec's policy as config>`` (no SST hardware here: the simulated 6776P)."""
     config = spec_policy()["spec"]
     config["instrumentation"] = {"httpEndpoint": f"127.0.0.1:{port}"}
-    return render_chart({"allowPCT": allow_pct, "config": config})
-
-
-def with_sim_backend(ds: dict[str, Any]) -> dict[str, Any]:
-    """The rendered DaemonSet with the helper's ``--backend auto`` made ``sim`` (see the
-    module doc: the chart has no value for it)."""
-    ds = copy.deepcopy(ds)
-    spec = ds["spec"]["template"]["spec"]
-    helper = next(c for c in spec["containers"] if c["name"] == HELPER)
-    args = helper["args"]
-    i = args.index("--backend")
-    assert args[i + 1] == "auto", args
-    args[i + 1 : i + 2] = ["sim", "--sim-state", SIM_STATE]
-    return ds
+    return render_chart({"allowPCT": allow_pct, "sstHelperBackend": "sim", "config": config})
 
 
 def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -183,7 +166,9 @@ def test_daemonset_pod_translates_to_cri(allow_pct: bool, tmp_path: Path) -> Non
     assert "/var/run/secrets/kubernetes.io/serviceaccount" not in hmounts
     hsc = helper.linux.security_context
     if allow_pct:
-        assert hsc.privileged and "--backend" in helper.args and "auto" in helper.args
+        assert hsc.privileged
+        args = list(helper.args)
+        assert args[args.index("--backend") :][:4] == ["--backend", "sim", "--sim-state", SIM_STATE]
         assert hmounts["/host/dev"] == (str(dirs.dev), False)
         assert hmounts["/host/sys"][1] is False
     else:
@@ -421,8 +406,6 @@ def node_with_plugin(
     spec = ds["spec"]["template"]["spec"]
     assert container(spec, PLUGIN)["image"] == plugin_ref
     assert container(spec, HELPER)["image"] == helper_ref
-    if allow_pct:
-        ds = with_sim_backend(ds)
     dirs = NodeDirs(tmp_path / "node", containerd_env.nri_socket.parent, topology)
     sa = ServiceAccount(front.token, front.ca_crt, "127.0.0.1", front.port)
     kl = kubelet_for(cri, short_dir(tmp_path), dirs, sa, containerd_env.pod_log_dir)
