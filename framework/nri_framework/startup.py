@@ -199,7 +199,10 @@ class Startup:
         """``make()`` once every check passes; ``None`` when stopped first."""
         while not self.stopping.is_set():
             self.attempts += 1
-            result = self._attempt(make)
+            # off the loop, as before the loop ran: the policy's start may wait
+            # for its peers (the SST helper's set-up, CONFIG_TIMEOUT per request)
+            # while the endpoint keeps answering /livez and /healthz
+            result = await asyncio.to_thread(self._attempt, make)
             if not isinstance(result, Obstacle):
                 if self.obstacle is not None:
                     self.reporter.cleared(f"{self.obstacle.path} is usable now: starting")
