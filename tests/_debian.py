@@ -8,16 +8,19 @@ UAPI check: a kernel header, k8s: apiextensions-apiserver + etcd):
   its own empty dpkg status) under a directory of the caller's; ``/etc/apt`` and
   the system's lists stay untouched;
 * :func:`apt_env`: the environment that makes ``apt-get``/``apt-cache`` use it;
-* :func:`dpkg_extract`: ``dpkg -x`` of many ``.deb`` files into one root.
+* :func:`dpkg_extract`: ``dpkg -x`` of many ``.deb`` files into one root;
+* :func:`cache_lock`: one builder at a time per cache directory.
 
 Stdlib only; the modules that use it put ``tests/`` on ``sys.path``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -101,3 +104,15 @@ def dpkg_extract(debs: Iterable[Path], root: Path, *, jobs: int = 4) -> None:
             pool.submit(run, ["dpkg", "-x", str(deb), str(root)], timeout=600) for deb in debs
         ]:
             f.result()
+
+
+@contextlib.contextmanager
+def cache_lock(directory: Path) -> Iterator[None]:
+    """One builder at a time per cache directory (two pytest sessions, say)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -31,18 +31,24 @@ Stdlib only; the modules that use it put ``tests/`` on ``sys.path``.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from _debian import CommandError, apt_config, apt_env, debian_source, dpkg_extract, run
+from _debian import (
+    CommandError,
+    apt_config,
+    apt_env,
+    cache_lock,
+    debian_source,
+    dpkg_extract,
+    run,
+)
 
 #: bump when the recipe changes: a cache of another recipe is redone
 RECIPE = 1
@@ -61,18 +67,6 @@ def cache_dir() -> Path:
     """``$NRI_TOOLS_CACHE`` or ``~/.cache/nri-resource-policy/tools``."""
     env = os.environ.get("NRI_TOOLS_CACHE")
     return Path(env or Path.home() / ".cache" / "nri-resource-policy" / "tools").expanduser()
-
-
-@contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """One builder at a time per cache directory (two pytest sessions, say)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
@@ -198,7 +192,7 @@ def fetch(cache: Path | str | None = None, *, say: Callable[[str], None] = print
     for tool in ("apt-get", "dpkg", "bash"):
         if shutil.which(tool) is None:
             raise ToolsError(f"{tool} not found (a Debian machine is needed to fetch kubectl/jq)")
-    with locked(cache):
+    with cache_lock(cache):
         if tools := cached(cache):  # fetched by another process meanwhile
             return tools
         t0 = time.monotonic()

@@ -34,7 +34,6 @@ archives. Stdlib only.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gzip
 import hashlib
 import json
@@ -46,7 +45,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ for _p in (_HERE, ROOT / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _debian import KEYRING, apt_config, apt_env, dpkg_extract, run  # noqa: E402
+from _debian import KEYRING, apt_config, apt_env, cache_lock, dpkg_extract, run  # noqa: E402
 from dockerfile import IgnoreRules, copy_sources  # noqa: E402
 
 CHART = ROOT / "charts" / "nri-resource-policy-balloons"
@@ -195,18 +194,6 @@ def read_meta(archive: Path) -> dict[str, object]:
     """What the build recorded beside ``archive`` (sizes, build time, image id)."""
     data: dict[str, object] = json.loads(archive.with_suffix(".json").read_text())
     return data
-
-
-@contextlib.contextmanager
-def _locked(cache: Path) -> Iterator[None]:
-    """One build at a time per cache directory."""
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _cmd(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -537,7 +524,7 @@ def build_images(cache: Path | None = None, say: Say = print) -> dict[str, Path]
     for tool in ("apt-get", "dpkg", "dpkg-deb", "chroot", "cp"):
         if shutil.which(tool) is None:
             raise ImagesError(f"{tool} not found (a Debian machine is needed to build)")
-    with _locked(cache):
+    with cache_lock(cache):
         bh = Buildah(cache)
         bh.setup(say)
         base_built = False

@@ -83,7 +83,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
 import re
@@ -99,7 +98,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +112,7 @@ from _debian import (  # noqa: E402
     CommandError,
     apt_config,
     apt_env,
+    cache_lock,
     debian_source,
     dpkg_extract,
     run,
@@ -276,18 +276,6 @@ def cached_build(cache: Path | None = None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- build
 
 
-@contextlib.contextmanager
-def _locked(cache: Path) -> Iterator[None]:
-    """One build at a time per cache directory (two pytest sessions, say)."""
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _closure(env: dict[str, str]) -> list[str]:
     """``golang-*`` and ``etcd-server`` in the dependency closure of ROOT_PACKAGES."""
     out = run(
@@ -391,7 +379,7 @@ def build(
     for tool in ("apt-get", "apt-cache", "dpkg"):
         if shutil.which(tool) is None:
             raise StackError(f"{tool} not found (a Debian machine is needed to build)")
-    with _locked(cache):
+    with cache_lock(cache):
         if not force and cached_build(cache):  # built by another process meanwhile
             return bins
         work = cache / "build"
