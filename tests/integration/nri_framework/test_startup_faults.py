@@ -127,6 +127,19 @@ async def launch(paths: dict[str, Path]) -> AsyncIterator[Launch]:
         await proc.stop()
 
 
+async def healthy_with_helper(plugin: Plugin, tmp_path: Path, sock: Path) -> None:
+    """The real helper started on ``sock`` (its host tree already written under
+    ``tmp_path/helper-host``): the plugin becomes healthy and is still alive."""
+    cmd = helper_command(tmp_path / "helper-host", f"ipc://{sock}", tmp_path / "sim.json")
+    helper = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        await plugin.wait_healthy()
+        plugin.assert_alive()
+    finally:
+        helper.terminate()
+        helper.wait(10)
+
+
 async def test_sysfs_not_mounted(paths: dict[str, Path], launch: Launch) -> None:
     cpu = paths["host"] / "sys" / "devices" / "system" / "cpu"
     async with SimulatedRuntime(paths["socket"]) as rt:
@@ -251,14 +264,7 @@ async def test_helper_socket_directory_not_shared(
         await plugin.proc.wait_output(missing, timeout=20)
         assert (await plugin.health())[0] == 503
         write_cpu_tree(tmp_path / "helper-host", 4)
-        cmd = helper_command(tmp_path / "helper-host", f"ipc://{sock}", tmp_path / "sim.json")
-        helper = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-        try:
-            await plugin.wait_healthy()
-            plugin.assert_alive()
-        finally:
-            helper.terminate()
-            helper.wait(10)
+        await healthy_with_helper(plugin, tmp_path, sock)
 
 
 async def test_state_dir_full_after_start(paths: dict[str, Path], launch: Launch) -> None:
@@ -320,14 +326,7 @@ async def test_balloons_in_a_pod_without_sysfs_nor_helper(
         assert (await rt.create_container(pod.id, Container(id="", name="c"))).cpus
         sock.parent.mkdir()
         write_topology(tmp_path / "helper-host", TOPOLOGIES["n4c16"])
-        cmd = helper_command(tmp_path / "helper-host", f"ipc://{sock}", tmp_path / "sim.json")
-        helper = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-        try:
-            await plugin.wait_healthy()
-            plugin.assert_alive()
-        finally:
-            helper.terminate()
-            helper.wait(10)
+        await healthy_with_helper(plugin, tmp_path, sock)
 
 
 async def test_sysfs_incomplete(paths: dict[str, Path], launch: Launch) -> None:
