@@ -41,9 +41,9 @@ if str(_TESTS / "k8s") not in sys.path:
 
 
 def _chart_module() -> ModuleType:
-    """``tests/chart/conftest.py`` (its ``render``), loaded as a plain module."""
+    """``tests/chart/rendering.py`` (its ``render``), loaded as a plain module."""
     spec = importlib.util.spec_from_file_location(
-        "nri_chart_render", _TESTS / "chart" / "conftest.py"
+        "nri_chart_render", _TESTS / "chart" / "rendering.py"
     )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -53,10 +53,7 @@ def _chart_module() -> ModuleType:
 
 def render_chart(values: dict[str, Any], namespace: str = "kube-system") -> list[dict[str, Any]]:
     """``helm template --namespace NS`` of the chart with ``values`` (the Helm Go SDK)."""
-    mod = _chart_module()
-    if mod.helm is None:  # the chart tier's other checkers are not needed here
-        mod.helm = importlib.import_module("helm_python")
-    docs: list[dict[str, Any]] = mod.render(values, namespace=namespace)
+    docs: list[dict[str, Any]] = _chart_module().render(values, namespace=namespace)
     return docs
 
 
