@@ -8,7 +8,7 @@
   k8s tier's API server stack (``tests/k8s/stack.py``, whose proxy needs no
   credentials). Ours, small: it stands in for kube-apiserver's service-account
   authentication, which the stack's apiextensions-apiserver cannot do;
-* :func:`images`: the two images built by ``tests/images/build.py``, imported with
+* :func:`images`: the two images built by ``tests/images/builder.py``, imported with
   ``ctr -n k8s.io images import`` into the env's containerd.
 """
 
@@ -210,12 +210,12 @@ def k8s_api(work: Path) -> Iterator[tuple[Any, ApiFront]]:
 
 
 def _images_module() -> ModuleType:
-    """``tests/images/build.py`` (loaded by path: ``build`` is also a PyPI package)."""
+    """``tests/images/builder.py`` (loaded by path, as its own module)."""
     spec = importlib.util.spec_from_file_location(
-        "nri_images_build", _TESTS / "images" / "build.py"
+        "nri_images_build", _TESTS / "images" / "builder.py"
     )
     if spec is None or spec.loader is None:
-        raise ImportError("tests/images/build.py is missing")
+        raise ImportError("tests/images/builder.py is missing")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -223,12 +223,12 @@ def _images_module() -> ModuleType:
 
 
 def build_images(say: Any = print) -> dict[str, Path]:
-    """``tests/images/build.py``'s two archives (``{"plugin": .., "sst-helper": ..}``)."""
+    """``tests/images/builder.py``'s two archives (``{"plugin": .., "sst-helper": ..}``)."""
     out: dict[str, Path] = _images_module().build_images(say=say)
     return out
 
 
 def image_refs() -> tuple[str, str]:
-    """``(PLUGIN_REF, HELPER_REF)`` of ``tests/images/build.py``."""
+    """``(PLUGIN_REF, HELPER_REF)`` of ``tests/images/builder.py``."""
     mod = _images_module()
     return mod.PLUGIN_REF, mod.HELPER_REF

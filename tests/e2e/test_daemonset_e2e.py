@@ -3,7 +3,7 @@
 The chart is rendered with the Helm library (allowPCT true and false); its
 DaemonSet pod template is started through CRI by ``kubelet.py`` (a small
 stand-in for the kubelet, which cannot run here) from the two images built by
-``tests/images/build.py``; its hostPath volumes land on test-owned directories:
+``tests/images/builder.py``; its hostPath volumes land on test-owned directories:
 the env's NRI socket directory for ``/var/run/nri``, a Xeon 6776P sysfs tree
 (``nri_framework.simulate.sysfs``) where the chart mounts the host's ``/sys``,
 a state dir, an empty ``/dev`` (no ``isst_interface``); ``kube-api-access``
@@ -215,7 +215,7 @@ def daemonset_images() -> dict[str, Path]:
     except (ImportError, AttributeError, OSError, RuntimeError) as exc:
         from _tier import unavailable
 
-        unavailable("e2e", f"tests/images/build.py cannot build the images: {exc}",
+        unavailable("e2e", f"tests/images/builder.py cannot build the images: {exc}",
                     "NRI_E2E_REQUIRED")  # fmt: skip
     print(f"[daemonset] images ready in {time.monotonic() - t0:.1f}s: {out}")
     return out

@@ -24,7 +24,7 @@ for _p in (_HERE, _HERE.parent):
         sys.path.insert(0, str(_p))
 
 import _tier  # noqa: E402
-from build import ImagesError, build_images, cache_dir  # noqa: E402
+from builder import ImagesError, build_images, cache_dir  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:

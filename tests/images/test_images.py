@@ -1,4 +1,4 @@
-"""The two images as built (tests/images/build.py): what they hold, what they run,
+"""The two images as built (tests/images/builder.py): what they hold, what they run,
 and that their config is what the Dockerfiles say.
 
 Everything is read from the docker-archives that ``ctr images import`` takes
@@ -19,7 +19,7 @@ from typing import Any
 
 import _tier
 import pytest
-from build import (
+from builder import (
     BASE_ENV,
     BASE_REF,
     CHART,

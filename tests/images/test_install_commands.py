@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 
 import yaml
-from build import CHART, IMAGES, ROOT
+from builder import CHART, IMAGES, ROOT
 
 README = ROOT / "README.md"
 

@@ -27,7 +27,7 @@ key), so a warm run builds nothing (and needs neither root nor the network) and
 a source change rebuilds that image.
 
 Interface: :func:`cache_dir`, :func:`build_images`, :data:`PLUGIN_REF`,
-:data:`HELPER_REF`. ``python tests/images/build.py`` builds and prints the
+:data:`HELPER_REF`. ``python tests/images/builder.py`` builds and prints the
 archives. Stdlib only.
 """
 
