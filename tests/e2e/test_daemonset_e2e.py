@@ -440,8 +440,20 @@ def test_daemonset_pct_pod_pins_programs_resets_and_restarts(
         assert front.requests > 0 and front.rejected == 0, "the plugin used the token"
         log = pod.logs()
         assert re.search(r"mode=managed", log), pod.diag()
-        state = pod.state()["policy"]
-        assert state["pct_mode"] == "managed" and not state["pct_degraded"], state
+        # the sidecar starts after the plugin container (as the kubelet starts them in
+        # order): PCT may be degraded for a moment, until the helper's socket is there
+        # and the background has set SST up
+        state = wait(
+            lambda: (
+                (st := pod.state()["policy"])["pct_mode"] == "managed"
+                and not st["pct_degraded"]
+                and st
+            ),
+            "PCT managed, not degraded",
+            30,
+            pod.diag,
+        )
+        assert state["pct_mode"] == "managed", state
         pods = {}
         for name in ("pod-hp-1", "pod-hp-2", "pod-hp-3", "pod-hp-4", "pod-lp"):
             pods[name] = kl.run_pod(workload(name), start=False)
