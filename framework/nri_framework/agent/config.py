@@ -296,11 +296,13 @@ class ConfigSource:
         except Exception as exc:
             log.exception("applying %s failed", source)
             error = str(exc) or type(exc).__name__
-        await self._patch_status(ref.name, status_patch(self.node, ref.generation, error))
         if error is None:
+            # in force from now on: what waits for it (the registration with the
+            # runtime) does not wait for the report below, however slow the API is
             self.accepted.set()
             self.on_change(obj.get("spec") or {})
-        elif not self.accepted.is_set():
+        await self._patch_status(ref.name, status_patch(self.node, ref.generation, error))
+        if error is not None and not self.accepted.is_set():
             self.on_change(None)  # rejected, and nothing accepted before: none in force
 
     async def _remove_entry(self, ref: ConfigRef) -> None:

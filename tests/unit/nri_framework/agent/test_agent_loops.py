@@ -127,6 +127,32 @@ class Source:
         ]
 
 
+async def test_accepted_does_not_wait_for_the_status_report() -> None:
+    """A slow API server (the status PATCH hangs) does not hold back what waits
+    for the first accepted configuration: the NRI registration."""
+    s = Source()
+    src = s.source
+    release = threading.Event()
+    patch = s.api.patch_policy_status
+
+    def slow_patch(namespace: str, name: str, body: Any) -> Any:
+        assert release.wait(30), "never released"
+        return patch(namespace, name, body)
+
+    s.api.patch_policy_status = slow_patch  # type: ignore[method-assign]
+    src.on_policies("SYNC", [cr("default")])
+    src.on_node("SYNC", [{"metadata": {"labels": {}}}])
+    task = asyncio.ensure_future(src.reconcile())
+    try:
+        await asyncio.wait_for(src.accepted.wait(), 10)
+        assert s.statuses() == []  # the report is still on its way
+        assert s.changes == [{"reservedResources": {"cpu": "1"}, "x": "default"}]
+    finally:
+        release.set()
+        await task
+    assert s.statuses() == [("default", "Success")]
+
+
 async def test_source_precedence_moves_the_status_entry() -> None:
     s = Source()
     src = s.source
