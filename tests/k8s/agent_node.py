@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,6 +102,20 @@ class Cluster:
     def __post_init__(self) -> None:
         self.objs = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
+
+    @classmethod
+    @contextmanager
+    def opened(cls, stack: Stack, ns: str, node: str, kubectl: Kubectl) -> Iterator[Cluster]:
+        """A cluster view with its own API client; what it made is removed after."""
+        api = stack.api_client()
+        c = cls(stack, api, ns, node, kubectl)
+        try:
+            yield c
+        finally:
+            try:
+                c.cleanup()
+            finally:
+                api.close()
 
     # BalloonsPolicy
     def create(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -104,15 +104,8 @@ def cluster(k8s_stack: Stack, tools: _tools.Tools) -> Iterator[Any]:
     from agent_node import Cluster, unique
     from spec_commands import Kubectl
 
-    api = k8s_stack.api_client()
-    c = Cluster(k8s_stack, api, unique("ns"), unique("node"), Kubectl.on(k8s_stack, tools))
-    try:
+    with Cluster.opened(k8s_stack, unique("ns"), unique("node"), Kubectl.on(k8s_stack, tools)) as c:
         yield c
-    finally:
-        try:
-            c.cleanup()
-        finally:
-            api.close()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]

@@ -70,15 +70,8 @@ def operator(spec_stack: Stack, tools: _tools.Tools) -> Kubectl:
 @pytest.fixture
 def spec_cluster(spec_stack: Stack, operator: Kubectl) -> Iterator[Cluster]:
     """The spec's namespace (its BalloonsPolicy is in kube-system) and a node."""
-    api = spec_stack.api_client()
-    c = Cluster(spec_stack, api, "kube-system", f"node-{uuid.uuid4().hex[:6]}", operator)
-    try:
+    with Cluster.opened(spec_stack, "kube-system", f"node-{uuid.uuid4().hex[:6]}", operator) as c:
         yield c
-    finally:
-        try:
-            c.cleanup()
-        finally:
-            api.close()
 
 
 def _node_capacity() -> dict[str, str]:
