@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = validate_main(argv[1:])
         return rc
     if argv and argv[0] == "inspect":
-        from nri_framework.inspect import main as inspect_main
+        from nri_framework.inspect_cli import main as inspect_main
 
         rc = inspect_main(argv[1:])
         return rc

@@ -9,7 +9,7 @@
 * :mod:`.scenario` -- ``nri-resource-policy simulate``.
 """
 
-from nri_framework.kube import QOSClass
+from nri_framework.kubelet_cpu import QOSClass
 from nri_framework.simulate.emulation import CONTAINERD_1_7, NRI_V0_12, Emulation
 from nri_framework.simulate.podspec import SimPod, load_pod_dir, pods_from_yaml
 from nri_framework.simulate.runtime import NriError, PluginInfo, SimulatedRuntime

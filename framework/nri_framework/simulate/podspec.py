@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from nri_framework.kube import CFS_PERIOD, QOSClass, cpu_quota, cpu_shares
+from nri_framework.kubelet_cpu import CFS_PERIOD, QOSClass, cpu_quota, cpu_shares
 from nri_framework.model import Container, CpuResources, MemoryResources, Pod, Resources
 from nri_framework.quantity import QuantityError, milli_value, value
 

@@ -12,7 +12,7 @@ request (2 for no request), CFS quota from the CPU limit, the memory limit.
 
 from __future__ import annotations
 
-from nri_framework.kube import MIN_SHARES, QOSClass, cpu_shares
+from nri_framework.kubelet_cpu import MIN_SHARES, QOSClass, cpu_shares
 from nri_framework.model import Container, Pod
 
 __all__ = ["QOSClass", "qos_class"]

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import msgspec
 from nri_framework import cpuset
-from nri_framework.kube import quota_to_milli_cpu, shares_to_milli_cpu
+from nri_framework.kubelet_cpu import quota_to_milli_cpu, shares_to_milli_cpu
 from nri_framework.model import Container, Pod
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantity

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nri_framework.inspect import fetch_state
+from nri_framework.inspect_cli import fetch_state
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_sst import messages as m
 from nri_sst.client import SyncHelperClient

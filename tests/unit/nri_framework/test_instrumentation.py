@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nri_framework.hookspecs import hookimpl
 from nri_framework.host import PolicyHost
-from nri_framework.inspect import render, url_for
+from nri_framework.inspect_cli import render, url_for
 from nri_framework.instrumentation import (
     AddressError,
     Instrumentation,
