@@ -1,4 +1,6 @@
-"""``nri-resource-policy``: run, simulate, demo, list policies."""
+"""``nri-resource-policy``: run, simulate, demo, list policies; and the
+commands installed policies add (entry-point group
+``nri_resource_policy.commands``)."""
 
 from __future__ import annotations
 
@@ -9,22 +11,27 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from importlib.metadata import EntryPoint
 from typing import TYPE_CHECKING
 
 from nri_sst.retry import Backoff, Obstacle
 
 from nri_framework import __version__, logsetup
+from nri_framework.cmdline import add_policy_flags, policy_name
 from nri_framework.configfile import Reloader
 from nri_framework.hookspecs import PolicyError
 from nri_framework.host import PolicyHost
 from nri_framework.instrumentation import Instrumentation, parse_address, start_instrumentation
-from nri_framework.registry import PolicyNotFound, list_policies, load_policy
-from nri_framework.startup import (
-    HelperWatch,
-    Startup,
-    state_dir_obstacle,
-    sysfs_obstacle,
+from nri_framework.registry import (
+    CommandUnavailable,
+    PolicyNotFound,
+    distribution,
+    installed_commands,
+    list_policies,
+    load_command,
+    load_policy,
 )
+from nri_framework.startup import PeerWatch, Startup, state_dir_obstacle, sysfs_obstacle
 from nri_framework.stub import DEFAULT_SOCKET, PluginStub, StubOptions
 
 if TYPE_CHECKING:
@@ -32,9 +39,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nri_framework.cli")
 
+#: the framework's own commands; the rest come from entry points
+BUILTIN = ("run", "policies", "simulate", "inspect", "demo")
 
-def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="run a policy as an NRI plugin")
+
+def add_run_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], policy: tuple[str, object] | None
+) -> None:
+    """``run``'s flags, then ``policy``'s (its name and plugin) own (the hook
+    ``policy_addoption``)."""
+    p = sub.add_parser(
+        "run",
+        help="run a policy as an NRI plugin",
+        description="Run a policy as an NRI plugin. run --policy NAME --help also lists "
+        "the flags of the policy NAME.",
+    )
     p.add_argument("--policy", required=True, help="policy name (entry point)")
     p.add_argument(
         "--nri-socket", default=DEFAULT_SOCKET, help="runtime NRI socket (external mode)"
@@ -48,7 +67,6 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         action="store_true",
         help="exit non-zero when the runtime connection is lost instead of reconnecting",
     )
-    p.add_argument("--cpus", default="", help="override the CPUs a policy manages (list format)")
     p.add_argument("--config-file", default="", help="policy configuration file (YAML)")
     p.add_argument(
         "--config-namespace",
@@ -66,12 +84,6 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "cluster, else $KUBECONFIG or ~/.kube/config",
     )
     p.add_argument(
-        "--sst-helper",
-        default="",
-        help="the SST helper's socket (ipc://PATH): cpuClasses are applied through it; "
-        "without it they are only logged",
-    )
-    p.add_argument(
         "--metrics-address",
         default="",
         help="serve /healthz, /metrics and /debug/state over HTTP at HOST:PORT (':PORT': "
@@ -86,14 +98,11 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "needs (sysfs, the state directory), doubling from INITIAL up to MAX (default 0.5:10)",
     )
     p.add_argument("--log-level", default="info")
+    if policy is not None:
+        add_policy_flags(p, *policy)
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        policy = load_policy(args.policy)
-    except PolicyNotFound as exc:
-        print(f"nri-resource-policy: {exc}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace, policy: object) -> int:
     opts = StubOptions.from_environment(
         name=args.nri_plugin_name,
         index=args.nri_plugin_index,
@@ -123,11 +132,7 @@ def run(args: argparse.Namespace) -> int:
         return PolicyHost(
             args.policy,
             policy,
-            options={
-                "cpus": args.cpus,
-                "config_file": args.config_file,
-                "sst_helper": args.sst_helper,
-            },
+            options=args,
             state_dir=args.state_dir,
             host_root=args.host_root,
         )
@@ -207,15 +212,17 @@ async def serve(
         f"pre-launched (fd {opts.fd})" if opts.fd is not None else f"external ({opts.socket_path})"
     )
     log.info("nri-resource-policy %s starting policy %s, %s", __version__, host.policy_name, mode)
-    endpoint = str(host.options.get("sst_helper") or "")
-    helper = HelperWatch(endpoint, Backoff(opts.backoff_initial, opts.backoff_max))
+    peer = host.hook.policy_peer()
+    watch = (
+        None if peer is None else PeerWatch(peer, Backoff(opts.backoff_initial, opts.backoff_max))
+    )
     if instrumentation is None:
         instrumentation = await start_instrumentation(host, stub, metrics_address)
     if instrumentation is not None:
-        instrumentation.attach(host, stub, helper if endpoint else None)
+        instrumentation.attach(host, stub, watch)
     k8s = None
-    if endpoint:
-        helper.start()
+    if watch is not None:
+        watch.start()
     try:
         if agent is not None:
             from nri_framework.agent.agent import Agent
@@ -231,7 +238,8 @@ async def serve(
                 return 0
         return await stub.run()
     finally:
-        await helper.stop()
+        if watch is not None:
+            await watch.stop()
         if reloader is not None:
             await reloader.stop()
         if k8s is not None:
@@ -250,14 +258,24 @@ def policies(args: argparse.Namespace) -> int:
         print(f"{info.name} {info.version} ({info.distribution}: {info.target})")
         for hook in info.hooks:
             print(f"    {hook}")
+    commands = {n: ep for n, ep in installed_commands().items() if n not in BUILTIN}
+    if commands:
+        print("commands:")
+    for name, ep in commands.items():
+        print(f"    {name} ({distribution(ep)}: {ep.value})")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(
+    policy: tuple[str, object] | None = None, *, describe: bool = False
+) -> argparse.ArgumentParser:
+    """The command line; ``policy`` (the name and plugin of ``run --policy``)
+    adds its flags to ``run``. ``describe``: load the installed commands for
+    their help lines (only for the top-level ``--help``)."""
     parser = argparse.ArgumentParser(prog="nri-resource-policy", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
-    add_run_parser(sub)
+    add_run_parser(sub, policy)
     sub.add_parser("policies", help="list installed policies, versions and hooks")
     sim = sub.add_parser(
         "simulate", help="run Pod YAML through the runtime simulator", add_help=False
@@ -269,7 +287,38 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("rest", nargs=argparse.REMAINDER)
     demo = sub.add_parser("demo", help="run a demo scenario", add_help=False)
     demo.add_argument("rest", nargs=argparse.REMAINDER)
+    for name, ep in installed_commands().items():
+        if name not in BUILTIN:
+            about = describe_command(ep) if describe else f"from {distribution(ep)}"
+            command = sub.add_parser(name, help=about, add_help=False)
+            command.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
+
+
+def describe_command(ep: EntryPoint) -> str:
+    """The help line of an installed command: its module's first line."""
+    try:
+        command = load_command(ep)
+    except CommandUnavailable as exc:
+        return str(exc)
+    module = sys.modules.get(getattr(command, "__module__", "") or "")
+    doc = (getattr(module, "__doc__", None) or "").strip()
+    first = doc.splitlines()[0].replace("``", "") if doc else ""
+    return f"{first} ({distribution(ep)})" if first else f"from {distribution(ep)}"
+
+
+def run_command(name: str, argv: list[str]) -> int | None:
+    """The installed command ``name`` run with ``argv``; ``None`` when there
+    is no such command."""
+    ep = installed_commands().get(name)
+    if ep is None:
+        return None
+    try:
+        command = load_command(ep)
+    except CommandUnavailable as exc:
+        print(f"nri-resource-policy: {exc}", file=sys.stderr)
+        return 2
+    return command(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,11 +327,6 @@ def main(argv: list[str] | None = None) -> int:
         from nri_framework.simulate.scenario import main as simulate_main
 
         rc: int = simulate_main(argv[1:])
-        return rc
-    if argv and argv[0] == "validate":
-        from nri_balloons.validate_cli import main as validate_main
-
-        rc = validate_main(argv[1:])
         return rc
     if argv and argv[0] == "inspect":
         from nri_framework.inspect_cli import main as inspect_main
@@ -294,11 +338,29 @@ def main(argv: list[str] | None = None) -> int:
 
         rc = demo_main(argv[1:])
         return rc
-    parser = build_parser()
+    if (
+        argv
+        and argv[0] not in BUILTIN
+        and (rc_or_none := run_command(argv[0], argv[1:])) is not None
+    ):
+        return rc_or_none
+    policy: tuple[str, object] | None = None
+    if argv and argv[0] == "run" and (name := policy_name(argv[1:])):
+        try:
+            policy = (name, load_policy(name))
+        except PolicyNotFound as exc:
+            print(f"nri-resource-policy: {exc}", file=sys.stderr)
+            return 2
+    try:
+        parser = build_parser(policy, describe=not argv or argv[0] in ("-h", "--help"))
+    except PolicyError as exc:
+        print(f"nri-resource-policy: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     logsetup.setup(getattr(args, "log_level", None) or os.environ.get("NRI_LOG_LEVEL", "info"))
     if args.command == "run":
-        return run(args)
+        assert policy is not None  # --policy is required: the parse stops without it
+        return run(args, policy[1])
     if args.command == "policies":
         return policies(args)
     parser.error(f"unknown command {args.command}")

@@ -33,6 +33,8 @@ import pluggy
 from nri_framework.model import Event
 
 if TYPE_CHECKING:
+    import argparse
+
     from nri_framework.host import PolicyHost
     from nri_framework.instrumentation import MetricFamily
     from nri_framework.model import (
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
         RuntimeInfo,
         Update,
     )
+    from nri_framework.startup import Peer
     from nri_framework.zones import Zone
 
 PROJECT = "nri_resource_policy"
@@ -55,6 +58,45 @@ class PolicyError(Exception):
 
 
 # --- lifecycle of the policy ------------------------------------------------
+
+
+@hookspec
+def policy_addoption(parser: argparse.ArgumentParser) -> None:
+    """Add the policy's own flags to ``nri-resource-policy run``.
+
+    Called once per process, before the command line is parsed and before
+    the host exists (no other hook has run): ``run --policy NAME`` reads
+    ``--policy`` alone first, loads the policy ``NAME``, calls this hook,
+    then parses the whole command line, so ``run --policy NAME --help``
+    lists the policy's flags too. Like pytest's ``pytest_addoption``.
+
+    :param parser: the ``run`` subcommand's :class:`argparse.ArgumentParser`,
+        already holding the framework's flags (``--host-root``,
+        ``--config-file``, ...). Add only the policy's own flags, in an
+        argument group named after the policy::
+
+            group = parser.add_argument_group("balloons")
+            group.add_argument("--sst-helper", default="", help="...")
+
+    A flag that is already there cannot be added again (``run`` exits with
+    status 2 saying which). The parsed values reach the policy in
+    :func:`policy_start` as ``host.options``, an :class:`argparse.Namespace`
+    of every flag (a host built without a command line has only what its
+    caller gave); :func:`nri_framework.cmdline.typed_options` makes the
+    policy's own typed options of it.
+    """
+
+
+@hookspec(firstresult=True)
+def policy_peer() -> Peer | None:
+    """The process the policy works with but does not wait for (balloons: the
+    SST helper), as a :class:`~nri_framework.startup.Peer`; stops at the
+    first non-None result.
+
+    Called once, after :func:`policy_start`, when ``run`` serves: the host
+    looks for the peer until it is reachable (then now and again) and
+    ``/healthz`` fails while it is not. ``None``: the policy has no peer.
+    """
 
 
 @hookspec

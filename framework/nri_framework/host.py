@@ -15,6 +15,7 @@ never delays an NRI reply.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import concurrent.futures
 import contextlib
@@ -181,13 +182,19 @@ class PolicyHost:
         policy_name: str,
         policy: ModuleType | object,
         *,
-        options: Mapping[str, Any] | None = None,
+        options: argparse.Namespace | Mapping[str, Any] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         host_root: str = "/",
         observers: list[object] | None = None,
     ) -> None:
         self.policy_name = policy_name
-        self.options: Mapping[str, Any] = dict(options or {})
+        #: the parsed command line: ``run``'s flags and the policy's own (see
+        #: ``policy_addoption``); a mapping (a host built by hand) becomes one
+        self.options = (
+            options
+            if isinstance(options, argparse.Namespace)
+            else argparse.Namespace(**(options or {}))
+        )
         self.host_root = host_root
         self.state_dir = Path(state_dir) if state_dir else None
         self.log = logging.getLogger(f"policy.{policy_name}")

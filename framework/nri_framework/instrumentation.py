@@ -295,7 +295,7 @@ class Instrumentation:
         if journal is not None and journal.failing:
             return Health(False, f"cannot write the decision journal: {journal_obstacle(journal)}")
         if self.helper is not None and self.helper.obstacle is not None:
-            return Health(False, f"SST helper unreachable: {self.helper.obstacle}")
+            return Health(False, f"{self.helper.peer.name} unreachable: {self.helper.obstacle}")
         return Health(True, "ok")
 
     def policy_families(self) -> list[MetricFamily]:

@@ -1,23 +1,42 @@
-"""Finding policies: the entry-point group ``nri_resource_policy.policies``.
+"""Finding policies and commands through entry points.
 
-An entry point may name a module (registered as it is), a class or factory
-(called without arguments to make the plugin object), or an object.
+Policies: the group ``nri_resource_policy.policies``. An entry point may name
+a module (registered as it is), a class or factory (called without arguments
+to make the plugin object), or an object.
+
+Commands: the group ``nri_resource_policy.commands``. The entry point's name
+is the subcommand of ``nri-resource-policy``, its target a callable
+``main(argv: list[str]) -> int`` (the arguments after the subcommand; the
+exit status), e.g. ``validate = "nri_balloons.validate_cli:main"``. The
+framework's own commands (``run``, ``policies``, ...) win over an entry point
+of the same name.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
+from typing import cast
 
 from nri_framework import hookspecs
 
 GROUP = "nri_resource_policy.policies"
+COMMANDS = "nri_resource_policy.commands"
+
+#: a command's entry-point target: the arguments after the subcommand -> exit status
+Command = Callable[[list[str]], int]
 
 
 class PolicyNotFound(LookupError):
     pass
+
+
+class CommandUnavailable(LookupError):
+    """An installed command's target cannot be loaded (its distribution, or a
+    part of it, is missing)."""
 
 
 @dataclass(frozen=True)
@@ -29,8 +48,33 @@ class PolicyInfo:
     hooks: tuple[str, ...]
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+def _entry_points(group: str = GROUP) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def distribution(ep: EntryPoint) -> str:
+    """The name of the distribution that declares ``ep``."""
+    return ep.dist.metadata["Name"] if ep.dist else "?"
+
+
+def installed_commands() -> dict[str, EntryPoint]:
+    """The commands of the group ``nri_resource_policy.commands``, by name."""
+    return dict(sorted(_entry_points(COMMANDS).items()))
+
+
+def load_command(ep: EntryPoint) -> Command:
+    """The callable of the command ``ep``; :class:`CommandUnavailable` when it
+    cannot be imported or is not callable."""
+    try:
+        target = ep.load()
+    except (ImportError, AttributeError) as exc:
+        raise CommandUnavailable(
+            f"command {ep.name!r} is not available: {ep.value} cannot be loaded ({exc}); "
+            f"install the distribution that provides it ({distribution(ep)} declares it)"
+        ) from None
+    if not callable(target):
+        raise CommandUnavailable(f"command {ep.name!r}: {ep.value} is not callable")
+    return cast(Command, target)
 
 
 def instantiate(obj: object) -> object:
@@ -77,7 +121,7 @@ def list_policies() -> list[PolicyInfo]:
             PolicyInfo(
                 name=name,
                 target=ep.value,
-                distribution=dist.metadata["Name"] if dist else "?",
+                distribution=distribution(ep),
                 version=str(version),
                 hooks=hooks,
             )

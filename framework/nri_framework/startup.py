@@ -1,25 +1,24 @@
 """The plugin's start-up: is this a pod the plugin can work in?
 
-The chart's pod gives the plugin four paths (``templates/daemonset.yaml``):
-the runtime's NRI socket (hostPath volume ``nrisockets``, the node's
-``/var/run/nri``), the node's sysfs (hostPath volume ``hostsysfs`` at
-``/host/sys``, ``--host-root /host``), its state directory (hostPath volume
-``resource-policydata``, ``--state-dir``) and the SST helper's socket
-directory (emptyDir volume ``sst-ipc`` at ``/run/nri-sst`` in both
-containers). When one is missing or unusable the plugin logs **one line**
-naming the path and what in the chart provides it (an :class:`Obstacle`),
-keeps ``/healthz`` failing with that line as the reason, and tries again with
-bounded backoff, the line repeated rarely (:mod:`nri_sst.retry`); it starts
-by itself once the path is there. No exit, so no crash loop and no
-traceback burying the line.
+The chart's pod gives the plugin the paths it needs
+(``templates/daemonset.yaml``): the runtime's NRI socket (hostPath volume
+``nrisockets``, the node's ``/var/run/nri``), the node's sysfs (hostPath
+volume ``hostsysfs`` at ``/host/sys``, ``--host-root /host``), its state
+directory (hostPath volume ``resource-policydata``, ``--state-dir``) and what
+the policy's peers need (for balloons, the SST helper's socket directory).
+When one is missing or unusable the plugin logs **one line** naming the path
+and what in the chart provides it (an :class:`Obstacle`), keeps ``/healthz``
+failing with that line as the reason, and tries again with bounded backoff,
+the line repeated rarely (:mod:`nri_sst.retry`); it starts by itself once the
+path is there. No exit, so no crash loop and no traceback burying the line.
 
 * sysfs and the state directory block the start (:class:`Startup`): without
   the topology there is no policy, without a writable state directory no
   decision would survive a restart (each is persisted before it takes effect).
 * the NRI socket is the stub's connect loop (:func:`nri_socket_obstacle`).
-* the helper's socket does not block: the plugin pins containers without it
-  (cpuClasses wait for the helper); :class:`HelperWatch` keeps ``/healthz``
-  failing until it appears.
+* a policy's peer does not block: the policy names it (a :class:`Peer`, from
+  the hook ``policy_peer``) and works without it; :class:`PeerWatch` keeps
+  ``/healthz`` failing until it is reachable.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,14 +60,6 @@ SYSFS_FIX = (
 STATE_DIR_FIX = (
     "the state directory must be a writable directory: chart hostPath volume "
     "resource-policydata (the node's /var/lib/nri-resource-policy at --state-dir)"
-)
-HELPER_DIR_FIX = (
-    "share the SST helper's socket directory: chart emptyDir volume sst-ipc, mounted at "
-    "/run/nri-sst in both the plugin and the sst-helper container"
-)
-HELPER_SOCKET_FIX = (
-    "the sst-helper container has not created it: see that container's log; both containers "
-    "must mount the chart's emptyDir volume sst-ipc at /run/nri-sst"
 )
 
 
@@ -143,19 +135,6 @@ def nri_socket_obstacle(path: str, exc: OSError) -> Obstacle:
     return Obstacle(path, _problem(exc), NRI_SOCKET_FIX)
 
 
-def helper_obstacle(endpoint: str) -> Obstacle | None:
-    """The SST helper's ``ipc://`` socket (or its directory) is not there."""
-    if not endpoint.startswith("ipc://"):
-        return None  # not a socket file: nothing to look for
-    path = Path(endpoint.removeprefix("ipc://"))
-    if not path.parent.is_dir():
-        return Obstacle(str(path.parent), "does not exist (SST helper socket directory)",
-                        HELPER_DIR_FIX)  # fmt: skip
-    if not path.is_socket():
-        return Obstacle(str(path), "does not exist (SST helper socket)", HELPER_SOCKET_FIX)
-    return None
-
-
 class Startup:
     """Retries the start-up until the pod is one the plugin can work in.
 
@@ -219,20 +198,34 @@ class Startup:
         self.stopping.set()
 
 
-class HelperWatch:
-    """Looks for the SST helper's socket until it is there (then every
-    ``backoff.maximum`` seconds, as the helper's pod may be remade): the
+@dataclass(frozen=True)
+class Peer:
+    """A process the policy works with but not waits for (the SST helper for
+    balloons), named by the hook ``policy_peer``: :class:`PeerWatch` looks
+    for it while the plugin runs."""
+
+    #: what log lines and ``/healthz`` call it: ``<name> unreachable: <obstacle>``
+    name: str
+    #: where it listens (``ipc://PATH``)
+    endpoint: str
+    #: what stands in the way of reaching it now (its socket is missing), or ``None``
+    look: Callable[[], Obstacle | None]
+
+
+class PeerWatch:
+    """Looks for a policy's :class:`Peer` until it is there (then every
+    ``backoff.maximum`` seconds, as the peer's pod may be remade): the
     plugin works meanwhile; ``obstacle`` keeps ``/healthz`` failing."""
 
-    #: failed looks not logged: the sidecar starts alongside the plugin
+    #: failed looks not logged: a sidecar starts alongside the plugin
     GRACE = 2
 
-    def __init__(self, endpoint: str, backoff: Backoff, pause: Pause | None = None) -> None:
-        self.endpoint = endpoint
+    def __init__(self, peer: Peer, backoff: Backoff, pause: Pause | None = None) -> None:
+        self.peer = peer
         self.backoff = Backoff(backoff.initial, backoff.maximum)
         self.stopping = asyncio.Event()
         self.pause: Pause = pause or self._pause
-        self.obstacle: Obstacle | None = helper_obstacle(endpoint)
+        self.obstacle: Obstacle | None = peer.look()
         self.reporter = Reporter(log, grace=self.GRACE)
         self.task: asyncio.Task[None] | None = None
 
@@ -244,16 +237,17 @@ class HelperWatch:
         self.task = asyncio.get_running_loop().create_task(self.run())
 
     async def run(self) -> None:
+        name = self.peer.name
         while not self.stopping.is_set():
-            self.obstacle = helper_obstacle(self.endpoint)
+            self.obstacle = self.peer.look()
             if self.obstacle is None:
-                self.reporter.cleared(f"SST helper socket {self.endpoint} is there now")
+                self.reporter.cleared(f"{name} socket {self.peer.endpoint} is there now")
                 self.backoff.reset()
                 delay = self.backoff.maximum
             else:
-                self.reporter.failed(f"SST helper unreachable: {self.obstacle}")
+                self.reporter.failed(f"{name} unreachable: {self.obstacle}")
                 delay = self.backoff.next()
-                log.debug("SST helper socket check %d failed", self.reporter.attempts)
+                log.debug("%s socket check %d failed", name, self.reporter.attempts)
             await self.pause(delay)
 
     async def stop(self) -> None:
@@ -261,3 +255,7 @@ class HelperWatch:
         if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+
+
+#: the old name: ``instrumentation.py`` (developer C's) still imports it
+HelperWatch = PeerWatch

@@ -7,18 +7,23 @@ shared. Every other container runs on the shared pool: the online CPUs that
 no container holds exclusively. When the shared pool changes, the other
 shared containers are updated.
 
-The CPUs come from ``<host-root>/sys/devices/system/cpu/online``. State (the
+The CPUs come from ``<host-root>/sys/devices/system/cpu/online``, or from
+``run --policy pinner --cpus LIST`` (its one flag). State (the
 exclusive assignments) is persisted by the host; after a restart the policy
 keeps every container on the CPUs it had.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from nri_framework import cpuset
+from nri_framework.cmdline import typed_options
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.model import (
@@ -35,6 +40,13 @@ from nri_framework.model import (
 __version__ = "0.1.0"
 
 log = logging.getLogger("policy.pinner")
+
+
+class PinnerOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What the command line tells the pinner."""
+
+    #: ``--cpus``: the CPUs to manage instead of the online ones (list format)
+    cpus: str = ""
 
 
 class Pinner:
@@ -97,9 +109,16 @@ class Pinner:
     # -- hooks ---------------------------------------------------------------
 
     @hookimpl
+    def policy_addoption(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("pinner")
+        group.add_argument(
+            "--cpus", default="", help="override the CPUs a policy manages (list format)"
+        )
+
+    @hookimpl
     def policy_start(self, host: PolicyHost) -> None:
         online_file = Path(host.host_root) / "sys/devices/system/cpu/online"
-        override = host.options.get("cpus")
+        override = typed_options(PinnerOptions, host.options).cpus
         text = override if override else online_file.read_text()
         self.online = cpuset.parse(text)
         log.info("pinner: managing CPUs %s", cpuset.format(self.online))

@@ -10,12 +10,14 @@ resources in ``--config-namespace``), which hands them over through
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from contextlib import AbstractContextManager
 from typing import Any
 
 from nri_framework import cpuset
+from nri_framework.cmdline import typed_options
 from nri_framework.configfile import ConfigFileError, read_config_file
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
@@ -31,10 +33,12 @@ from nri_framework.model import (
     cpu_pin,
 )
 from nri_framework.nri.versions import runtime_nri_version
+from nri_framework.startup import Peer
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
 from nri_balloons import scheduling
+from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.config import ConfigError, load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.features import unimplemented
@@ -75,6 +79,8 @@ class Balloons:
 
     def __init__(self) -> None:
         self.host: PolicyHost | None = None
+        self.options = BalloonsOptions()
+        """the command line's (``policy_start``)"""
         self.policy: BalloonsPolicy | None = None
         self.pins: dict[str, tuple[str, str]] = {}
         self.runtime_nri: tuple[int, ...] = ()
@@ -291,14 +297,23 @@ class Balloons:
         return updates
 
     @hookimpl
+    def policy_addoption(self, parser: argparse.ArgumentParser) -> None:
+        add_flags(parser)
+
+    @hookimpl
+    def policy_peer(self) -> Peer | None:
+        return helper_peer(self.options)
+
+    @hookimpl
     def policy_start(self, host: PolicyHost) -> None:
         log.info("setting up balloons policy...")
         self.host = host
-        endpoint = host.options.get("sst_helper")
+        self.options = typed_options(BalloonsOptions, host.options)
+        endpoint = self.options.sst_helper
         writer: Writer
         if endpoint:
             log.info("cpuClasses are applied through the SST helper at %s", endpoint)
-            writer = HelperWriter(str(endpoint))
+            writer = HelperWriter(endpoint)
         else:
             writer = NullWriter()
         self.policy = BalloonsPolicy(
@@ -308,13 +323,13 @@ class Balloons:
         # programmed but no CPU re-associated (a restarted plugin would send
         # running HP pods' CPUs to the idle class meanwhile)
         self.policy.cpu_classes.pct.hold = True
-        path = host.options.get("config_file")
+        path = self.options.config_file
         if path:
             try:
-                text = read_config_file(str(path))
+                text = read_config_file(path)
             except ConfigFileError as exc:
                 raise PolicyError(str(exc)) from None
-            self.apply(self.prepare(text, str(path)))
+            self.apply(self.prepare(text, path))
         log.info("balloons policy started")
 
     @hookimpl

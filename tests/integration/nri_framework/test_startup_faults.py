@@ -247,11 +247,14 @@ async def test_helper_socket_directory_not_shared(
     paths: dict[str, Path], launch: Launch, tmp_path: Path
 ) -> None:
     """The plugin works without the helper, unhealthy: first the directory is
-    missing, then the socket does not appear; the real helper then serves."""
-    write_cpu_tree(paths["host"], 4)
+    missing, then the socket does not appear; the real helper then serves.
+    (``--sst-helper`` is the balloons policy's flag: the peer it names.)"""
+    write_topology(paths["host"], TOPOLOGIES["n4c16"])
+    config = TESTS / "data" / "balloons" / "test01-basic-placement" / "balloons.yaml"
     sock = tmp_path / "sst" / "helper.sock"
     async with SimulatedRuntime(paths["socket"]) as rt:
-        plugin = await launch("--sst-helper", f"ipc://{sock}")
+        plugin = await launch("--sst-helper", f"ipc://{sock}", "--config-file", str(config),
+                              policy="balloons")  # fmt: skip
         await wait_registered(rt, plugin.proc, 20)  # pinning goes on meanwhile
         # two looks of grace (the sidecar starts alongside), then looks 1, 2, 4 of 7
         lines = await plugin.lines_until("SST helper socket check 9 failed", 1)
@@ -263,7 +266,7 @@ async def test_helper_socket_directory_not_shared(
         missing = f"SST helper unreachable: {sock} does not exist (SST helper socket)"
         await plugin.proc.wait_output(missing, timeout=20)
         assert (await plugin.health())[0] == 503
-        write_cpu_tree(tmp_path / "helper-host", 4)
+        write_topology(tmp_path / "helper-host", TOPOLOGIES["n4c16"])
         await healthy_with_helper(plugin, tmp_path, sock)
 
 
