@@ -296,13 +296,14 @@ def build_parser(
 
 
 def describe_command(ep: EntryPoint) -> str:
-    """The help line of an installed command: its module's first line."""
+    """The help line of an installed command: the first line of its callable's
+    documentation, else of its module's."""
     try:
         command = load_command(ep)
     except CommandUnavailable as exc:
         return str(exc)
     module = sys.modules.get(getattr(command, "__module__", "") or "")
-    doc = (getattr(module, "__doc__", None) or "").strip()
+    doc = (command.__doc__ or getattr(module, "__doc__", None) or "").strip()
     first = doc.splitlines()[0].replace("``", "") if doc else ""
     return f"{first} ({distribution(ep)})" if first else f"from {distribution(ep)}"
 

@@ -162,7 +162,7 @@ def _validate_documents(text: str, source: str, node: _Node, out: TextIO) -> int
 
 
 def main(argv: list[str] | None = None, *, out: TextIO | None = None) -> int:
-    """Run the command; returns the exit status."""
+    """Check a BalloonsPolicy YAML file as the plugin would; returns the exit status."""
     out = out if out is not None else sys.stdout
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -246,6 +247,56 @@ async def test_third_party_policy_by_entry_point() -> None:
     result = await run_scenario(PODS, "example", "cpus:4", timeout=20)
     assert result.ok, (result.failures, result.plugin_output)
     assert result.rows and {r.cpus for r in result.rows} == {"3"}
+
+
+def console_script() -> str:
+    """The installed ``nri-resource-policy`` of the interpreter running the tests."""
+    script = Path(sys.executable).parent / "nri-resource-policy"
+    found = str(script) if script.is_file() else shutil.which("nri-resource-policy")
+    assert found, "the nri-resource-policy console script is not installed"
+    return found
+
+
+async def test_third_party_flag_through_the_console_script(paths: dict[str, Path]) -> None:
+    """The example policy's own flag (``policy_addoption``), given to the real
+    ``nri-resource-policy run``: listed by ``--help`` after ``--policy``, and
+    the decision follows it."""
+    script = console_script()
+    shown = subprocess.run([script, "run", "--policy", "example", "--help"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "example:\n  --example-cpus LIST" in shown.stdout
+    assert "--example-cpus" not in subprocess.run([script, "run", "--help"], capture_output=True,
+                                                  text=True, timeout=30).stdout  # fmt: skip
+    cmd = [script, "run", "--policy", "example", "--example-cpus", "1-2",
+           "--nri-socket", str(paths["socket"]), "--host-root", str(paths["host"]),
+           "--state-dir", str(paths["state"])]  # fmt: skip
+    async with SimulatedRuntime(paths["socket"]) as rt:
+        plugin = await PluginProcess.launch(cmd)
+        try:
+            await rt.wait_plugins(1, 10)
+            pod = await rt.run_pod(Pod(id="", name="p", uid="u", namespace="default"))
+            created = await rt.create_container(pod.id, shared("c"))
+            assert created.cpus == "1-2"
+            assert created.annotations["example.nri-policy/decided-by"] == "example"
+        finally:
+            await plugin.stop()
+
+
+def test_third_party_command_through_the_console_script() -> None:
+    """The example's command (group ``nri_resource_policy.commands``): run by
+    name with its arguments, listed by ``--help`` and by ``policies``."""
+    script = console_script()
+    run = subprocess.run([script, "example-info", "--annotation"], capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    assert (run.returncode, run.stdout) == (0, "example.nri-policy/decided-by\n"), run.stderr
+    bad = subprocess.run([script, "example-info", "--bogus"], capture_output=True, text=True,
+                         timeout=30)  # fmt: skip
+    assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
+    helped = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
+    assert "example-info" in helped.stdout and "Say which policy this is" in helped.stdout
+    listed = subprocess.run([script, "policies"], capture_output=True, text=True, timeout=30)
+    assert "    example-info (nri-policy-example: nri_policy_example:info_main)" in listed.stdout
 
 
 def test_policies_command_lists_both() -> None:
