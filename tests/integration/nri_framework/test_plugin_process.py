@@ -121,7 +121,7 @@ async def test_sigkill_then_restart_keeps_cpus(paths: dict[str, Path], launch: L
         first = await launch()
         await rt.wait_plugins(1, 10)
         before = await populate(rt)
-        await asyncio.sleep(0.3)  # state is saved off the reply path
+        # no wait: each decision is journaled before its reply (nri_framework.journal)
         first.kill()
         await first.proc.wait()
         # creation goes on without the dead plugin (dropped at the next event)
