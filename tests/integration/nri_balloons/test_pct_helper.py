@@ -7,7 +7,6 @@ from the helper over its socket; C-states from the files the helper wrote."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
@@ -170,7 +169,7 @@ async def test_plugin_restart_keeps_placement_and_clos() -> None:
     async with node(SPEC, topology="xeon-6776p") as n:
         hp, lp = await spec_pods(n)
         before = clos_of(n, list(range(256)))
-        await asyncio.sleep(0.3)  # the state file is written off the reply path
+        # no wait: each decision is journaled before its reply (nri_framework.journal)
         n.plugin.kill()
         await n.plugin.proc.wait()
         n.plugin = await PluginProcess.launch(n.cmd)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from nri_framework.model import Container, CpuResources, Pod, Resources
+from nri_framework.model import Container, CpuResources, Event, Pod, Resources
 from nri_framework.nri import mux
 from nri_framework.nri.connection import NriConnection, Role
 from nri_framework.nri.ttrpc import Code, RequestReceived, ResponseReceived
@@ -122,7 +122,7 @@ async def test_sigkill_then_restart_keeps_cpus(paths: dict[str, Path], launch: L
         first = await launch()
         await rt.wait_plugins(1, 10)
         before = await populate(rt)
-        await asyncio.sleep(0.3)  # state is saved off the reply path
+        # no wait: each decision is journaled before its reply (nri_framework.journal)
         first.kill()
         await first.proc.wait()
         # creation goes on without the dead plugin (dropped at the next event)
@@ -237,6 +237,54 @@ async def test_hostile_peer_gets_protocol_answers(paths: dict[str, Path], launch
         await plugin.wait_output("closing NRI connection: mux frame of", timeout=5)
         # ... but lives on and comes back
         await raw.accept()
+        assert plugin.proc.returncode is None
+
+
+DEDICATED_RPCS = {
+    "RunPodSandbox": Event.RUN_POD_SANDBOX,
+    "StopPodSandbox": Event.STOP_POD_SANDBOX,
+    "RemovePodSandbox": Event.REMOVE_POD_SANDBOX,
+    "PostUpdatePodSandbox": Event.POST_UPDATE_POD_SANDBOX,
+    "PostCreateContainer": Event.POST_CREATE_CONTAINER,
+    "StartContainer": Event.START_CONTAINER,
+    "PostStartContainer": Event.POST_START_CONTAINER,
+    "PostUpdateContainer": Event.POST_UPDATE_CONTAINER,
+    "RemoveContainer": Event.REMOVE_CONTAINER,
+}
+"""NRI v0.12's dedicated event RPCs and their events (``<Method>Request``)."""
+
+
+async def test_dedicated_rpc_of_an_unsubscribed_event_is_unimplemented(
+    paths: dict[str, Path], launch: Launch
+) -> None:
+    """A v0.12 dedicated event RPC for an event the plugin did not subscribe to
+    (no hook wants it) is answered UNIMPLEMENTED, so a runtime falls back to
+    StateChange, never served as a no-op; one it subscribed to is served."""
+    async with RawRuntime(paths["socket"]) as raw:
+        plugin = await launch()
+        reader, writer, conn = await raw.accept()
+        configure = pb.ConfigureRequest(
+            runtime_name="containerd", runtime_version="2.1.0", NRI_version="v0.12.0"
+        )
+        ok = await raw.call(reader, writer, conn, "Configure", configure.SerializeToString())
+        assert ok.code == 0
+        events = pb.ConfigureResponse.FromString(ok.payload).events
+        assert (await raw.call(reader, writer, conn, "Synchronize", b"")).code == 0
+        answers, wanted = {}, {}
+        for method, event in DEDICATED_RPCS.items():
+            req = getattr(pb, f"{method}Request")()
+            req.pod.id = "p"
+            if "container" in req.DESCRIPTOR.fields_by_name:
+                req.container.id = "c"
+                req.container.pod_sandbox_id = "p"
+            got = await raw.call(reader, writer, conn, method, req.SerializeToString())
+            answers[method] = (got.code, got.message)
+            wanted[method] = (
+                (0, "") if events & event.bit else (Code.UNIMPLEMENTED, f"method {method}")
+            )
+        assert answers == wanted
+        # the pinner (and the host's cache) want some of them, not all
+        assert 0 < sum(code == 0 for code, _ in answers.values()) < len(DEDICATED_RPCS)
         assert plugin.proc.returncode is None
 
 

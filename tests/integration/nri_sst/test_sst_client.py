@@ -92,11 +92,12 @@ async def test_late_reply_dropped_and_handshake_redone(peer: SlowFirstPeer, tmp_
 
 
 def test_sync_client_no_helper_raises_within_timeout(tmp_path: Path) -> None:
-    with SyncHelperClient(f"ipc://{tmp_path}/nobody.sock", timeout=0.1) as c:
-        t0 = time.monotonic()
-        with pytest.raises(HelperUnavailable):
-            c.request(m.Discover())
-        assert time.monotonic() - t0 < 0.15
+    """No helper listening: the send fails (the fail-fast branch, bounded by the
+    connect grace: see test_sst_client_session), it never waits for a reply."""
+    endpoint = f"ipc://{tmp_path}/nobody.sock"
+    with SyncHelperClient(endpoint, timeout=0.1) as c, pytest.raises(HelperUnavailable) as exc:
+        c.request(m.Discover())
+    assert str(exc.value) == f"helper at {endpoint} not connected (Discover)"
 
 
 # --------------------------------------------------------------------------- the helper process
@@ -184,10 +185,11 @@ async def test_no_connected_helper_fails_fast(
     c = client(kind, endpoint)
     try:
         for _ in range(3):
-            t0 = time.monotonic()
-            with pytest.raises(HelperUnavailable, match="not connected"):
+            # the send's branch (bounded by the connect grace, see
+            # test_sst_client_session), not the 2 s reply timeout's
+            with pytest.raises(HelperUnavailable) as exc:
                 await call(c, m.Discover(), m.DiscoverReply, timeout=2.0)
-            assert time.monotonic() - t0 < 0.5  # a liveness bound, far below 2 s
+            assert str(exc.value) == f"helper at {endpoint} not connected (Discover)"
     finally:
         c.close()
 

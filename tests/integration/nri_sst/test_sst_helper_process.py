@@ -132,10 +132,14 @@ async def test_killed_helper_raises_helper_unavailable(helper: Helper) -> None:
         await c.call(m.TFStatus(), m.TFStatusReply)
         helper.proc.kill()
         helper.proc.wait(10)
-        t0 = time.monotonic()
-        with pytest.raises(HelperUnavailable):
+        with pytest.raises(HelperUnavailable) as exc:
             await c.request(m.TFStatus())
-        assert time.monotonic() - t0 < 0.1 + 0.05
+    # one of the two branches bounded by the 100 ms budget (test_sst_client_session):
+    # the send finds the helper gone, or the reply's deadline passes
+    assert str(exc.value) in (
+        f"helper at {helper.endpoint} not connected (TFStatus)",
+        f"helper at {helper.endpoint} did not answer TFStatus within 100 ms",
+    )
 
 
 def test_sigterm_outside_managed_mode_leaves_sst_alone(helper: Helper) -> None:

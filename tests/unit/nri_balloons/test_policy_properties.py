@@ -173,3 +173,37 @@ def test_random_churn(
     assert not policy.owner
     # back to the pre-created balloons (which instance survives depends on the order)
     assert sizes() == baseline
+
+
+def test_full_balloons_are_never_offered_the_reserved_cpus(tmp_path: Path) -> None:
+    """The reserved cpuset is free (nothing runs in the reserved balloon) and
+    every other CPU is taken: a balloon that wants one more CPU is offered
+    none, and the container is refused as unplaceable (not by a resize that
+    tried the reserved CPUs)."""
+    write_topology(tmp_path, "cpus:8")
+    topo = Topology.from_sysfs(str(tmp_path))
+    text = """
+reservedResources: {cpu: "cpuset:0-3"}
+balloonTypes:
+- name: dedicated
+  matchExpressions: [{key: qosclass, operator: In, values: [Guaranteed]}]
+"""
+    result = validate(load_policy(text), online_cpus=topo.online)
+    assert result.prepared is not None, result.errors
+    policy = BalloonsPolicy(topo)
+    policy.set_config(result.prepared)
+    for i in range(2):
+        policy.allocate(*make("guaranteed", i, 2))
+    (dedicated,) = [b for b in policy.balloons if b.bdef.name == "dedicated"]
+    assert dedicated.cpus == cpuset.parse("4-7")
+    assert policy.free == policy.reserved == cpuset.parse("0-3")
+    for bln in policy.balloons:
+        offered = policy.available(bln.bdef)
+        assert offered == (policy.reserved if bln.bdef.name == "reserved" else 0), bln
+    with pytest.raises(BalloonsError) as refused:
+        policy.allocate(*make("guaranteed", 2, 1))
+    assert str(refused.value) == (
+        "balloons: balloon allocation for container default/pod2/ctr failed: "
+        "no suitable balloon instance available"
+    )
+    check_invariants(policy)
