@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = inspect_main(argv[1:])
         return rc
     if argv and argv[0] == "demo":
-        from nri_framework.demo import main as demo_main
+        from nri_balloons_demo.harness import main as demo_main
 
         rc = demo_main(argv[1:])
         return rc
