@@ -253,6 +253,16 @@ def policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def not_installed(exc: ModuleNotFoundError, command: str, package: str, what: str) -> int:
+    """Exit status 2 and a clear line when ``package`` is the missing module
+    (a command whose code this installation leaves out); else ``exc`` again."""
+    if exc.name != package and not (exc.name or "").startswith(package + "."):
+        raise exc
+    msg = f"nri-resource-policy {command}: {what} ({package}) is not installed in this image"
+    print(msg, file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nri-resource-policy", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -275,8 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "simulate":
-        from nri_framework.simulate.scenario import main as simulate_main
-
+        try:
+            from nri_framework.simulate.scenario import main as simulate_main
+        except ModuleNotFoundError as exc:  # the plugin image ships no simulator
+            return not_installed(exc, "simulate", "nri_framework.simulate", "the simulator")
         rc: int = simulate_main(argv[1:])
         return rc
     if argv and argv[0] == "validate":
@@ -290,8 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         rc = inspect_main(argv[1:])
         return rc
     if argv and argv[0] == "demo":
-        from nri_balloons_demo.harness import main as demo_main
-
+        try:
+            from nri_balloons_demo.harness import main as demo_main
+        except ModuleNotFoundError as exc:  # the plugin image ships no demo
+            return not_installed(exc, "demo", "nri_balloons_demo", "the demo package")
         rc = demo_main(argv[1:])
         return rc
     parser = build_parser()

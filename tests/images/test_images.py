@@ -273,10 +273,18 @@ def test_cache_key_follows_what_goes_in(tmp_path: Path) -> None:
     (ctx / "tests" / "t.py").write_text("x = 2\n")
     (ctx / "framework" / "nri_framework" / "x.pyc").write_bytes(b"\0")
     assert {i.name: image_key(i, ctx) for i in (plugin, helper)} == keys
-    # A helper source change rebuilds both (the plugin holds the nri_sst client).
-    (ctx / "helpers/sst/nri_sst/cli.py").write_text("# changed\n", "utf-8")
+    # A change to the helper's server side rebuilds the helper only (the plugin
+    # holds the nri_sst client's modules, not the helper's cli/handler/backends).
+    (ctx / "helpers/sst/nri_sst/handler.py").write_text("# changed\n", "utf-8")
+    server = {i.name: image_key(i, ctx) for i in (plugin, helper)}
+    assert server["plugin"] == keys["plugin"] and server["sst-helper"] != keys["sst-helper"]
+    # A client change rebuilds both.
+    (ctx / "helpers/sst/nri_sst/client.py").write_text("# changed\n", "utf-8")
     changed = {i.name: image_key(i, ctx) for i in (plugin, helper)}
-    assert changed["plugin"] != keys["plugin"] and changed["sst-helper"] != keys["sst-helper"]
+    assert changed["plugin"] != keys["plugin"] and changed["sst-helper"] != server["sst-helper"]
+    # The simulator is not sent to the plugin's build.
+    (ctx / "framework/nri_framework/simulate/runtime.py").write_text("# changed\n", "utf-8")
+    assert image_key(plugin, ctx) == changed["plugin"]
     # A framework change rebuilds the plugin only (the helper image does not hold it).
     (ctx / "framework/nri_framework/cli.py").write_text("# changed\n", "utf-8")
     again = {i.name: image_key(i, ctx) for i in (plugin, helper)}
@@ -296,6 +304,12 @@ def test_dockerignore_rules_match_what_the_builder_sends() -> None:
     assert helper.excluded("pyproject.toml")
     plugin = IgnoreRules(_image("plugin").ignorefile.read_text())
     assert not plugin.excluded("framework/nri_framework/cli.py")
+    assert not plugin.excluded("docker/plugin/pyproject.toml")
+    assert not plugin.excluded("helpers/sst/nri_sst/client.py")
+    assert plugin.excluded("framework/nri_framework/simulate/runtime.py")
+    assert plugin.excluded("helpers/sst/nri_sst/handler.py")
+    assert plugin.excluded("helpers/sst/nri_sst/backends/sim.py")
+    assert plugin.excluded("policies/balloons/nri_balloons_demo/harness.py")
     assert plugin.excluded("tests/unit/x.py")
     assert plugin.excluded("framework/nri_framework/__pycache__/a.pyc")
     assert plugin.excluded("x.egg-info/PKG-INFO")
