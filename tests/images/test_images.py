@@ -54,6 +54,13 @@ NOT_IN_HELPER = (
     "kubernetes", "grpc", "google.protobuf", "yaml", "aiohttp", "prometheus_client",
     "pluggy", "nri_framework", "nri_balloons",
 )  # fmt: skip
+NOT_IN_PLUGIN = (
+    "nri_framework.simulate", "nri_balloons_demo", "nri_sst.handler", "nri_sst.server",
+    "nri_sst.backends", "nri_sst.cli",
+)  # fmt: skip
+PLUGIN_SST = ["nri_sst", "nri_sst.client", "nri_sst.messages", "nri_sst.retry"]
+"""The nri_sst modules the plugin image holds: the client's (docker/Dockerfile.plugin)."""
+EXAMPLE_POLICY = ROOT / "examples" / "pct-managed" / "balloons-pct-managed.yaml"
 DISTRIBUTIONS = (
     "import importlib.metadata as m, json; "
     "print(json.dumps(sorted({d.metadata['Name'].lower().replace('_', '-') "
@@ -203,12 +210,45 @@ def test_plugin_image_runs_its_entrypoint(
     images: dict[str, Path], images_cache: Path, root_builder: None
 ) -> None:
     plugin = Archive(images["plugin"])
-    out = run_in(
-        images_cache, f"docker-archive:{images['plugin']}", [*plugin.config["Entrypoint"], "--help"]
-    )
+    archive = f"docker-archive:{images['plugin']}"
+    [entry] = plugin.config["Entrypoint"]
+    out = run_in(images_cache, archive, [entry, "--help"])
     assert "run" in out
     code = "import nri_balloons, nri_sst.client, kubernetes, grpc; print('ok')"
     assert run_in(images_cache, PLUGIN_REF, ["python", "-c", code]).strip() == "ok"
+    listed = run_in(images_cache, archive, [entry, "policies"])
+    assert "balloons " in listed and "pinner " in listed
+    # validate, on the spec's example policy (the image holds no copy: stdin)
+    policy = EXAMPLE_POLICY.read_text()
+    script = f'printf %s "$1" | {entry} validate -; echo "rc=$?"'
+    valid = run_in(images_cache, archive, ["sh", "-c", script, "sh", policy])
+    assert valid.rstrip().endswith("rc=0"), valid
+    # the simulator is not there, and the command says so
+    script = f"{entry} simulate --help 2>&1; echo rc=$?"
+    sim = run_in(images_cache, archive, ["sh", "-c", script])
+    assert sim == (
+        "nri-resource-policy simulate: the simulator (nri_framework.simulate) "
+        "is not installed in this image\nrc=2\n"
+    )
+
+
+def test_plugin_image_holds_no_simulator_demo_or_helper_server(
+    images: dict[str, Path], base: Archive
+) -> None:
+    """The plugin's layers: nri_framework without simulate, nri_balloons, the
+    nri_sst client's modules; no demo package, no helper server side."""
+    plugin = Archive(images["plugin"])
+    ours = {
+        p.removeprefix(SITE)
+        for layer in plugin.layer_files[len(base.layer_files) :]
+        for p, info in layer.items()
+        if p.startswith(SITE + "nri_") and p.endswith(".py") and not info.isdir()
+    }
+    modules = {".".join(Path(p).with_suffix("").parts).removesuffix(".__init__") for p in ours}
+    assert {"nri_framework.cli", "nri_balloons.plugin", "nri_balloons.validate_cli"} <= modules
+    assert sorted(m for m in modules if m.startswith("nri_sst")) == sorted(PLUGIN_SST)
+    assert sorted(m for m in modules if m.startswith(NOT_IN_PLUGIN)) == []
+    print(f"\n[images] plugin: {len(modules)} modules of ours", file=sys.stderr)
 
 
 def test_base_is_unmanaged_for_pip(
