@@ -14,21 +14,12 @@ from nri_framework import cpuset
 from nri_balloons_demo.checks import Checks, finish, section
 from nri_balloons_demo.data import pods_dir
 from nri_balloons_demo.harness import demo_arguments
-from nri_balloons_demo.node import Demo, Node
+from nri_balloons_demo.node import POLICY_HEAD, Demo, Node
 from nri_balloons_demo.tables import nrt_tables, print_tsv
 
-BALLOONS_CONFIG = """\
-apiVersion: config.nri/v1alpha1
-kind: BalloonsPolicy
-metadata:
-  name: default
-  namespace: kube-system
-spec:
-  reservedResources:
-    cpu: cpuset:0,1,128,129
-  pinCPU: true
-  showContainersInNrt: true
-  balloonTypes:
+BALLOONS_CONFIG = (
+    POLICY_HEAD
+    + """\
   - name: hp-bln
     maxCPUs: 8
     preferNewBalloons: true
@@ -36,6 +27,7 @@ spec:
   - name: lp-bln
     preferSpreadingPods: false
 """
+)
 """The spec's balloon types without cpuClasses: no SST helper at all."""
 
 

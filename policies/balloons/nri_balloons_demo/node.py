@@ -56,6 +56,21 @@ EVENTS_PER_MHZ = 2077.58 / 4600
 SAMPLE_SECONDS = 0.4
 """How long the reporter samples APERF/MPERF (simulated time runs in real time)."""
 PCT_GREP = re.compile(r"pct(:| mock:)|associated cpus .* to CLOS")
+POLICY_HEAD = """\
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata:
+  name: default
+  namespace: kube-system
+spec:
+  reservedResources:
+    cpu: cpuset:0,1,128,129
+  pinCPU: true
+  showContainersInNrt: true
+  balloonTypes:
+"""
+"""The demos' BalloonsPolicy up to its balloon types: the spec's reserved CPUs,
+pinned, containers shown in NRT."""
 SIM_LEVEL = 1
 """The SST-PP level the model boots with: the level Intel's PCT scripts query."""
 

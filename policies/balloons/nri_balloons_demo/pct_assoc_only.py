@@ -19,21 +19,12 @@ from nri_sst import messages as m
 from nri_balloons_demo.checks import Checks, finish, section
 from nri_balloons_demo.data import pods_dir
 from nri_balloons_demo.harness import demo_arguments
-from nri_balloons_demo.node import Demo, Node, punit_of
+from nri_balloons_demo.node import POLICY_HEAD, Demo, Node, punit_of
 from nri_balloons_demo.sstmodel import model_handler, sst_summary
 
-ASSOC_ONLY_CONFIG = """\
-apiVersion: config.nri/v1alpha1
-kind: BalloonsPolicy
-metadata:
-  name: default
-  namespace: kube-system
-spec:
-  reservedResources:
-    cpu: cpuset:0,1,128,129
-  pinCPU: true
-  showContainersInNrt: true
-  balloonTypes:
+ASSOC_ONLY_CONFIG = (
+    POLICY_HEAD
+    + """\
   - name: reserved
   - name: hp-bln
     cpuClass: hp-clos0
@@ -55,6 +46,7 @@ spec:
     - policy
     - cpu
 """
+)
 """Reference §19's manual example: no minFreq/maxFreq, the operator owns SST."""
 
 OPERATOR_CPUS = [0, 32, 64, 96]
