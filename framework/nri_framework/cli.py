@@ -277,8 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect", help="print a running plugin's balloons, containers and CPUs", add_help=False
     )
     inspect.add_argument("rest", nargs=argparse.REMAINDER)
-    demo = sub.add_parser("demo", help="run a demo scenario", add_help=False)
-    demo.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -300,13 +298,6 @@ def main(argv: list[str] | None = None) -> int:
         from nri_framework.inspect import main as inspect_main
 
         rc = inspect_main(argv[1:])
-        return rc
-    if argv and argv[0] == "demo":
-        try:
-            from nri_balloons_demo.harness import main as demo_main
-        except ModuleNotFoundError as exc:  # the plugin image ships no demo
-            return not_installed(exc, "demo", "nri_balloons_demo", "the demo package")
-        rc = demo_main(argv[1:])
         return rc
     parser = build_parser()
     args = parser.parse_args(argv)
