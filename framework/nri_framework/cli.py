@@ -1,4 +1,4 @@
-"""``nri-resource-policy``: run, simulate, demo, list policies; and the
+"""``nri-resource-policy``: run, simulate, inspect, list policies; and the
 commands installed policies add (entry-point group
 ``nri_resource_policy.commands``)."""
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nri_framework.cli")
 
 #: the framework's own commands; the rest come from entry points
-BUILTIN = ("run", "policies", "simulate", "inspect", "demo")
+BUILTIN = ("run", "policies", "simulate", "inspect")
 
 
 def add_run_parser(
@@ -266,6 +266,16 @@ def policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def not_installed(exc: ModuleNotFoundError, command: str, package: str, what: str) -> int:
+    """Exit status 2 and a clear line when ``package`` is the missing module
+    (a command whose code this installation leaves out); else ``exc`` again."""
+    if exc.name != package and not (exc.name or "").startswith(package + "."):
+        raise exc
+    msg = f"nri-resource-policy {command}: {what} ({package}) is not installed in this image"
+    print(msg, file=sys.stderr)
+    return 2
+
+
 def build_parser(
     policy: tuple[str, object] | None = None, *, describe: bool = False
 ) -> argparse.ArgumentParser:
@@ -285,8 +295,6 @@ def build_parser(
         "inspect", help="print a running plugin's balloons, containers and CPUs", add_help=False
     )
     inspect.add_argument("rest", nargs=argparse.REMAINDER)
-    demo = sub.add_parser("demo", help="run a demo scenario", add_help=False)
-    demo.add_argument("rest", nargs=argparse.REMAINDER)
     for name, ep in installed_commands().items():
         if name not in BUILTIN:
             about = describe_command(ep) if describe else f"from {distribution(ep)}"
@@ -325,19 +333,16 @@ def run_command(name: str, argv: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "simulate":
-        from nri_framework.simulate.scenario import main as simulate_main
-
+        try:
+            from nri_framework.simulate.scenario import main as simulate_main
+        except ModuleNotFoundError as exc:  # the plugin image ships no simulator
+            return not_installed(exc, "simulate", "nri_framework.simulate", "the simulator")
         rc: int = simulate_main(argv[1:])
         return rc
     if argv and argv[0] == "inspect":
         from nri_framework.inspect_cli import main as inspect_main
 
         rc = inspect_main(argv[1:])
-        return rc
-    if argv and argv[0] == "demo":
-        from nri_framework.demo import main as demo_main
-
-        rc = demo_main(argv[1:])
         return rc
     if (
         argv

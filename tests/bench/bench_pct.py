@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from _results import Figure, pct, show, write
-from nri_balloons.demo import pods_dir
+from nri_balloons_demo.data import pods_dir
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, ScenarioPaths, plugin_command

@@ -39,3 +39,27 @@ def test_helper_project_constraints_are_in_step() -> None:
         helper["project"]["scripts"]["nri-sst-helper"]
         == main["project"]["scripts"]["nri-sst-helper"]
     )
+
+
+def test_plugin_project_is_in_step() -> None:
+    """The plugin's minimal project (docker/plugin) asks for the top level's
+    dependencies and installs the same console script and policies; its commands
+    are the top level's minus the demos (the image ships no demo package)."""
+    plugin = tomllib.loads((DOCKER / "plugin" / "pyproject.toml").read_text())
+    main = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert plugin["project"]["version"] == main["project"]["version"]
+    assert plugin["project"]["dependencies"] == main["project"]["dependencies"]
+    name = "nri-resource-policy"
+    assert plugin["project"]["scripts"] == {name: main["project"]["scripts"][name]}
+    groups = plugin["project"]["entry-points"]
+    main_groups = main["project"]["entry-points"]
+    policies = "nri_resource_policy.policies"
+    assert groups[policies] == main_groups[policies]
+    commands = "nri_resource_policy.commands"
+    wanted = {
+        k: v
+        for k, v in main_groups.get(commands, {}).items()
+        if not v.startswith("nri_balloons_demo")
+    }
+    assert {k: v for k, v in groups[commands].items() if k in wanted} == wanted
+    assert "nri_resource_policy.demos" not in groups

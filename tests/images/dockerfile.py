@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 KNOWN = frozenset(
@@ -104,16 +105,45 @@ def env_pairs(args: str) -> dict[str, str]:
     return out
 
 
-def copy_sources(path: Path) -> list[str]:
-    """The build-context paths every ``COPY``/``ADD`` of ``path`` reads (not ``--from``)."""
-    out: list[str] = []
+def copies(path: Path) -> list[tuple[list[str], str]]:
+    """``(sources, destination)`` of every ``COPY``/``ADD`` of ``path`` that reads
+    the build context (not ``--from``)."""
+    out: list[tuple[list[str], str]] = []
     for ins, args in instructions(path):
         if ins not in ("COPY", "ADD"):
             continue
         words = shlex.split(args)
         if any(w.startswith("--from") for w in words):
             continue
-        out += [w for w in words if not w.startswith("--")][:-1]
+        *sources, dest = [w for w in words if not w.startswith("--")]
+        out.append((sources, dest))
+    return out
+
+
+def copy_sources(path: Path) -> list[str]:
+    """The build-context paths every ``COPY``/``ADD`` of ``path`` reads (not ``--from``)."""
+    return [src for sources, _ in copies(path) for src in sources]
+
+
+def stage(dockerfile: Path, rules: IgnoreRules, context: Path, into: Path) -> list[Path]:
+    """Lay out under ``into`` what the ``COPY`` instructions of ``dockerfile`` put
+    in its ``WORKDIR`` (relative destinations only, as ours are): a directory's
+    sent files below the destination, a file at ``dest`` or ``dest/name`` when
+    ``dest`` ends with ``/``. The files written."""
+    out: list[Path] = []
+    for sources, dest in copies(dockerfile):
+        if dest.startswith("/"):
+            raise DockerfileError(f"{dockerfile.name}: absolute COPY destination {dest}")
+        for src in sources:
+            top = src.rstrip("/")
+            for rel in rules.files(context, [src]):
+                if (context / top).is_dir():
+                    target = into / dest / rel.removeprefix(top + "/")
+                else:
+                    target = into / dest / Path(rel).name if dest.endswith("/") else into / dest
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(context / rel, target)
+                out.append(target)
     return out
 
 

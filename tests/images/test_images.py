@@ -54,6 +54,14 @@ NOT_IN_HELPER = (
     "kubernetes", "grpc", "google.protobuf", "yaml", "aiohttp", "prometheus_client",
     "pluggy", "nri_framework", "nri_balloons",
 )  # fmt: skip
+NOT_IN_PLUGIN = (
+    "nri_framework.simulate", "nri_balloons_demo", "nri_sst.handler", "nri_sst.server",
+    "nri_sst.backends", "nri_sst.cli",
+)  # fmt: skip
+NOT_IN_PLUGIN_ = tuple(f"{m}." for m in NOT_IN_PLUGIN)
+PLUGIN_SST = ["nri_sst", "nri_sst.client", "nri_sst.messages", "nri_sst.retry"]
+"""The nri_sst modules the plugin image holds: the client's (docker/Dockerfile.plugin)."""
+EXAMPLE_POLICY = ROOT / "examples" / "pct-managed" / "balloons-pct-managed.yaml"
 DISTRIBUTIONS = (
     "import importlib.metadata as m, json; "
     "print(json.dumps(sorted({d.metadata['Name'].lower().replace('_', '-') "
@@ -203,12 +211,45 @@ def test_plugin_image_runs_its_entrypoint(
     images: dict[str, Path], images_cache: Path, root_builder: None
 ) -> None:
     plugin = Archive(images["plugin"])
-    out = run_in(
-        images_cache, f"docker-archive:{images['plugin']}", [*plugin.config["Entrypoint"], "--help"]
-    )
+    archive = f"docker-archive:{images['plugin']}"
+    [entry] = plugin.config["Entrypoint"]
+    out = run_in(images_cache, archive, [entry, "--help"])
     assert "run" in out
     code = "import nri_balloons, nri_sst.client, kubernetes, grpc; print('ok')"
     assert run_in(images_cache, PLUGIN_REF, ["python", "-c", code]).strip() == "ok"
+    listed = run_in(images_cache, archive, [entry, "policies"])
+    assert "balloons " in listed and "pinner " in listed
+    # validate, on the spec's example policy (the image holds no copy: stdin)
+    policy = EXAMPLE_POLICY.read_text()
+    script = f'printf %s "$1" | {entry} validate -; echo "rc=$?"'
+    valid = run_in(images_cache, archive, ["sh", "-c", script, "sh", policy])
+    assert valid.rstrip().endswith("rc=0"), valid
+    # the simulator is not there, and the command says so
+    script = f"{entry} simulate --help 2>&1; echo rc=$?"
+    sim = run_in(images_cache, archive, ["sh", "-c", script])
+    assert sim == (
+        "nri-resource-policy simulate: the simulator (nri_framework.simulate) "
+        "is not installed in this image\nrc=2\n"
+    )
+
+
+def test_plugin_image_holds_no_simulator_demo_or_helper_server(
+    images: dict[str, Path], base: Archive
+) -> None:
+    """The plugin's layers: nri_framework without simulate, nri_balloons, the
+    nri_sst client's modules; no demo package, no helper server side."""
+    plugin = Archive(images["plugin"])
+    ours = {
+        p.removeprefix(SITE)
+        for layer in plugin.layer_files[len(base.layer_files) :]
+        for p, info in layer.items()
+        if p.startswith(SITE + "nri_") and p.endswith(".py") and not info.isdir()
+    }
+    modules = {".".join(Path(p).with_suffix("").parts).removesuffix(".__init__") for p in ours}
+    assert {"nri_framework.cli", "nri_balloons.plugin", "nri_balloons.validate_cli"} <= modules
+    assert sorted(m for m in modules if m.startswith("nri_sst")) == sorted(PLUGIN_SST)
+    assert sorted(m for m in modules if m in NOT_IN_PLUGIN or m.startswith(NOT_IN_PLUGIN_)) == []
+    print(f"\n[images] plugin: {len(modules)} modules of ours", file=sys.stderr)
 
 
 def test_base_is_unmanaged_for_pip(
@@ -273,10 +314,18 @@ def test_cache_key_follows_what_goes_in(tmp_path: Path) -> None:
     (ctx / "tests" / "t.py").write_text("x = 2\n")
     (ctx / "framework" / "nri_framework" / "x.pyc").write_bytes(b"\0")
     assert {i.name: image_key(i, ctx) for i in (plugin, helper)} == keys
-    # A helper source change rebuilds both (the plugin holds the nri_sst client).
-    (ctx / "helpers/sst/nri_sst/cli.py").write_text("# changed\n", "utf-8")
+    # A change to the helper's server side rebuilds the helper only (the plugin
+    # holds the nri_sst client's modules, not the helper's cli/handler/backends).
+    (ctx / "helpers/sst/nri_sst/handler.py").write_text("# changed\n", "utf-8")
+    server = {i.name: image_key(i, ctx) for i in (plugin, helper)}
+    assert server["plugin"] == keys["plugin"] and server["sst-helper"] != keys["sst-helper"]
+    # A client change rebuilds both.
+    (ctx / "helpers/sst/nri_sst/client.py").write_text("# changed\n", "utf-8")
     changed = {i.name: image_key(i, ctx) for i in (plugin, helper)}
-    assert changed["plugin"] != keys["plugin"] and changed["sst-helper"] != keys["sst-helper"]
+    assert changed["plugin"] != keys["plugin"] and changed["sst-helper"] != server["sst-helper"]
+    # The simulator is not sent to the plugin's build.
+    (ctx / "framework/nri_framework/simulate/runtime.py").write_text("# changed\n", "utf-8")
+    assert image_key(plugin, ctx) == changed["plugin"]
     # A framework change rebuilds the plugin only (the helper image does not hold it).
     (ctx / "framework/nri_framework/cli.py").write_text("# changed\n", "utf-8")
     again = {i.name: image_key(i, ctx) for i in (plugin, helper)}
@@ -296,6 +345,12 @@ def test_dockerignore_rules_match_what_the_builder_sends() -> None:
     assert helper.excluded("pyproject.toml")
     plugin = IgnoreRules(_image("plugin").ignorefile.read_text())
     assert not plugin.excluded("framework/nri_framework/cli.py")
+    assert not plugin.excluded("docker/plugin/pyproject.toml")
+    assert not plugin.excluded("helpers/sst/nri_sst/client.py")
+    assert plugin.excluded("framework/nri_framework/simulate/runtime.py")
+    assert plugin.excluded("helpers/sst/nri_sst/handler.py")
+    assert plugin.excluded("helpers/sst/nri_sst/backends/sim.py")
+    assert plugin.excluded("policies/balloons/nri_balloons_demo/harness.py")
     assert plugin.excluded("tests/unit/x.py")
     assert plugin.excluded("framework/nri_framework/__pycache__/a.pyc")
     assert plugin.excluded("x.egg-info/PKG-INFO")

@@ -1,11 +1,11 @@
-"""The demo's packaged YAML (nri_balloons/demos/pct_managed, what the installed
+"""The demo's packaged YAML (nri_balloons_demo/data/pct_managed, what the installed
 demo reads) is the operator's copy-paste material in examples/pct-managed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nri_balloons.demo import pods_dir
+from nri_balloons_demo.data import pods_dir
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "pct-managed"
 
