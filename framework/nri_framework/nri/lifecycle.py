@@ -113,9 +113,7 @@ class LifecycleError(Exception):
         super().__init__(f"{self.what} is not allowed in state {state.value}")
 
 
-def next_state(
-    state: LifecycleState, event: LifecycleEvent, what: str = ""
-) -> LifecycleState:
+def next_state(state: LifecycleState, event: LifecycleEvent, what: str = "") -> LifecycleState:
     """The state after ``event``; raises :class:`LifecycleError` for a pair not in
     :data:`TRANSITIONS` (``what`` names the request in the message)."""
     try:
