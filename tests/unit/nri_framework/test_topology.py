@@ -14,14 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nri_framework import cpuset
-from nri_framework.simulate.sysfs import (
-    N4C16,
-    S8C4K,
-    XEON_6776P,
-    TopologySpec,
-    write_cpu_tree,
-    write_topology,
-)
+from nri_framework.simulate.sysfs import write_cpu_tree, write_topology
+from nri_framework.simulate.topologies import N4C16, S8C4K, XEON_6776P, TopologySpec
 from nri_framework.topology import LEVELS, CoreType, Topology, TopologyError, TreeNode
 
 P = cpuset.parse

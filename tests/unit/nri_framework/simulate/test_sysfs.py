@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 from nri_framework import cpuset
 from nri_framework.simulate.sysfs import (
-    N4C16,
-    S8C4K,
-    TOPOLOGIES,
-    XEON_6776P,
     TopologyError,
-    TopologySpec,
-    UncoreSpec,
     _hexmask,
     online,
     prepare_host_root,
     write_topology,
+)
+from nri_framework.simulate.topologies import (
+    N4C16,
+    S8C4K,
+    TOPOLOGIES,
+    XEON_6776P,
+    TopologySpec,
+    UncoreSpec,
 )
 from nri_framework.topology import TopologyError as DiscoveryError
 
