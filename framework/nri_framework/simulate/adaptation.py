@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypedDict, Unpack
 
 from google.protobuf.message import Message
 
@@ -56,6 +57,23 @@ class AdmissionError(Exception):
     """A connecting plugin was refused."""
 
 
+class Options(TypedDict, total=False):
+    """How the runtime treats its plugins; every key is optional (defaults below)."""
+
+    #: the runtime identity and NRI version behaviour (containerd 1.7, NRI 0.6.1)
+    emulation: Emulation
+    #: seconds (upstream default 5 s)
+    registration_timeout: float
+    #: seconds (upstream default 2 s)
+    request_timeout: float
+    #: the ttrpc message limit a Synchronize must fit in (4 MiB; lower it to test paging)
+    max_message_size: int
+    #: the text pre-launched plugins get in ConfigureRequest.config ("")
+    plugin_config: str
+    #: containerd's namespace in the event RPCs' metadata ("k8s.io")
+    namespace: str
+
+
 class Adaptation:
     """The plugins of one runtime: admission, event fan-out, their updates.
 
@@ -63,22 +81,13 @@ class Adaptation:
     and whose resources their updates change.
     """
 
-    def __init__(
-        self,
-        *,
-        emulation: Emulation = CONTAINERD_1_7,
-        registration_timeout: float = 5.0,
-        request_timeout: float = 2.0,
-        max_message_size: int = MAX_MESSAGE,
-        plugin_config: str = "",
-        namespace: str = "k8s.io",
-    ) -> None:
-        self.emulation = emulation
-        self.registration_timeout = registration_timeout
-        self.request_timeout = request_timeout
-        self.max_message_size = max_message_size
-        self.plugin_config = plugin_config
-        self.metadata = ((NAMESPACE_KEY, namespace),)
+    def __init__(self, **options: Unpack[Options]) -> None:
+        self.emulation = options.get("emulation", CONTAINERD_1_7)
+        self.registration_timeout = options.get("registration_timeout", 5.0)
+        self.request_timeout = options.get("request_timeout", 2.0)
+        self.max_message_size = options.get("max_message_size", MAX_MESSAGE)
+        self.plugin_config = options.get("plugin_config", "")
+        self.metadata = ((NAMESPACE_KEY, options.get("namespace", "k8s.io")),)
         #: why plugins were refused or dropped, newest last
         self.failures: list[str] = []
         self._pods: dict[str, pb.PodSandbox] = {}

@@ -27,14 +27,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Unpack
 
 from nri_framework import convert
 from nri_framework.convert import container_to_pb, pod_to_pb
 from nri_framework.model import Container, Event, Pod, Resources
-from nri_framework.nri.ttrpc import MAX_MESSAGE
 from nri_framework.pb import nri_pb2 as pb
-from nri_framework.simulate.adaptation import Adaptation
-from nri_framework.simulate.emulation import CONTAINERD_1_7, Emulation
+from nri_framework.simulate.adaptation import Adaptation, Options
 from nri_framework.simulate.merge import CreateMerge, MergeError, Owners, Updates
 from nri_framework.simulate.peer import PluginPeer, PluginStatusError
 from nri_framework.simulate.wire import overlay_resources
@@ -74,27 +73,11 @@ class SimulatedRuntime(Adaptation):
     ``registration_timeout``/``request_timeout`` are in seconds (upstream
     defaults 5 s and 2 s); ``max_message_size`` is the ttrpc message limit
     a Synchronize must fit in (4 MiB like ttrpc; lower it to test paging).
+    The keywords are :class:`~nri_framework.simulate.adaptation.Options`.
     """
 
-    def __init__(
-        self,
-        socket_path: str | os.PathLike[str],
-        *,
-        emulation: Emulation = CONTAINERD_1_7,
-        registration_timeout: float = 5.0,
-        request_timeout: float = 2.0,
-        max_message_size: int = MAX_MESSAGE,
-        plugin_config: str = "",
-        namespace: str = "k8s.io",
-    ) -> None:
-        super().__init__(
-            emulation=emulation,
-            registration_timeout=registration_timeout,
-            request_timeout=request_timeout,
-            max_message_size=max_message_size,
-            plugin_config=plugin_config,
-            namespace=namespace,
-        )
+    def __init__(self, socket_path: str | os.PathLike[str], **options: Unpack[Options]) -> None:
+        super().__init__(**options)
         self.socket_path = Path(socket_path)
         self._server: asyncio.Server | None = None
         self._admitting: asyncio.Task[None] | None = None

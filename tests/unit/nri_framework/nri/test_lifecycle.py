@@ -17,41 +17,53 @@ from nri_framework.nri.lifecycle import (
 S = LifecycleState
 E = LifecycleEvent
 
-# The specification, written out independently of the module's comprehensions.
-EXPECTED: dict[tuple[LifecycleState, LifecycleEvent], LifecycleState] = {
-    (S.CONNECTING, E.REGISTER): S.REGISTERING,
-    (S.REGISTERING, E.REGISTERED): S.REGISTERED,
-    (S.REGISTERING, E.CONFIGURE): S.CONFIGURED,
-    (S.REGISTERED, E.CONFIGURE): S.CONFIGURED,
-    (S.CONFIGURED, E.REGISTERED): S.CONFIGURED,
-    (S.SYNCHRONIZING, E.REGISTERED): S.SYNCHRONIZING,
-    (S.SYNCHRONIZED, E.REGISTERED): S.SYNCHRONIZED,
-    (S.RESTORED, E.REGISTERED): S.RESTORED,
-    (S.CONFIGURED, E.NO_SYNCHRONIZE): S.RESTORED,
-    (S.CONFIGURED, E.SYNCHRONIZE_MORE): S.SYNCHRONIZING,
-    (S.CONFIGURED, E.SYNCHRONIZE): S.SYNCHRONIZED,
-    (S.SYNCHRONIZING, E.SYNCHRONIZE_MORE): S.SYNCHRONIZING,
-    (S.SYNCHRONIZING, E.SYNCHRONIZE): S.SYNCHRONIZED,
-    (S.RESTORED, E.SYNCHRONIZE_MORE): S.SYNCHRONIZING,
-    (S.RESTORED, E.SYNCHRONIZE): S.SYNCHRONIZED,
-    (S.SYNCHRONIZED, E.CONTAINER_EVENT): S.SYNCHRONIZED,
-    (S.SYNCHRONIZED, E.POD_EVENT): S.SYNCHRONIZED,
-    (S.RESTORED, E.CONTAINER_EVENT): S.RESTORED,
-    (S.RESTORED, E.POD_EVENT): S.RESTORED,
-    (S.REGISTERED, E.UPDATE_CONTAINERS): S.REGISTERED,
-    (S.CONFIGURED, E.UPDATE_CONTAINERS): S.CONFIGURED,
-    (S.SYNCHRONIZING, E.UPDATE_CONTAINERS): S.SYNCHRONIZING,
-    (S.SYNCHRONIZED, E.UPDATE_CONTAINERS): S.SYNCHRONIZED,
-    (S.RESTORED, E.UPDATE_CONTAINERS): S.RESTORED,
-    (S.CONNECTING, E.SHUTDOWN): S.CLOSED,
-    (S.REGISTERING, E.SHUTDOWN): S.CLOSED,
-    (S.REGISTERED, E.SHUTDOWN): S.CLOSED,
-    (S.CONFIGURED, E.SHUTDOWN): S.CLOSED,
-    (S.SYNCHRONIZING, E.SHUTDOWN): S.CLOSED,
-    (S.SYNCHRONIZED, E.SHUTDOWN): S.CLOSED,
-    (S.RESTORED, E.SHUTDOWN): S.CLOSED,
-    **{(s, E.CONNECTION_LOST): S.CLOSED for s in S},
-}
+# The specification, written out as a table independently of the module's
+# comprehensions: state, event (by value), next state.
+SPEC = """
+connecting     RegisterPlugin         registering
+registering    RegisterPlugin reply   registered
+registering    Configure              configured
+registered     Configure              configured
+configured     RegisterPlugin reply   configured
+synchronizing  RegisterPlugin reply   synchronizing
+synchronized   RegisterPlugin reply   synchronized
+restored       RegisterPlugin reply   restored
+configured     no Synchronize         restored
+configured     Synchronize (more)     synchronizing
+configured     Synchronize            synchronized
+synchronizing  Synchronize (more)     synchronizing
+synchronizing  Synchronize            synchronized
+restored       Synchronize (more)     synchronizing
+restored       Synchronize            synchronized
+synchronized   container event        synchronized
+synchronized   pod event              synchronized
+restored       container event        restored
+restored       pod event              restored
+registered     UpdateContainers       registered
+configured     UpdateContainers       configured
+synchronizing  UpdateContainers       synchronizing
+synchronized   UpdateContainers       synchronized
+restored       UpdateContainers       restored
+connecting     Shutdown               closed
+registering    Shutdown               closed
+registered     Shutdown               closed
+configured     Shutdown               closed
+synchronizing  Shutdown               closed
+synchronized   Shutdown               closed
+restored       Shutdown               closed
+"""
+
+
+def parse_spec(text: str) -> dict[tuple[LifecycleState, LifecycleEvent], LifecycleState]:
+    table = {}
+    for line in text.strip().splitlines():
+        state, rest = line.split(maxsplit=1)
+        event, after = rest.rsplit(maxsplit=1)
+        table[S(state), E(event.strip())] = S(after)
+    return table
+
+
+EXPECTED = parse_spec(SPEC) | {(s, E.CONNECTION_LOST): S.CLOSED for s in S}
 
 PAIRS = list(itertools.product(S, E))
 
