@@ -29,6 +29,7 @@ from nri_framework.nri.connection import (
     NriConnection,
     Role,
 )
+from nri_framework.nri.lifecycle import Lifecycle, LifecycleError, LifecycleEvent
 from nri_framework.nri.ttrpc import (
     Code,
     ProtocolNotice,
@@ -113,6 +114,8 @@ class Session:
         self.sync_containers: list[pb.Container] = []
         self.sync_messages = 0
         self.nri_version: tuple[int, ...] = ()
+        self.lifecycle = Lifecycle()
+        # waiters on the lifecycle's state, set by advance()
         self.configured = asyncio.Event()
         self.synchronized = asyncio.Event()
         self.registered = asyncio.Event()
@@ -122,6 +125,24 @@ class Session:
         self._install_handlers()
 
     # -- plumbing ------------------------------------------------------------
+
+    def advance(self, event: LifecycleEvent, what: str = "") -> None:
+        """Move the lifecycle (raises :class:`LifecycleError`) and wake its waiters."""
+        self.lifecycle.apply(event, what)
+        for waiter, reached in (
+            (self.registered, self.lifecycle.registered),
+            (self.configured, self.lifecycle.configured),
+            (self.synchronized, self.lifecycle.synchronized),
+        ):
+            if reached:
+                waiter.set()
+
+    def advance_own(self, event: LifecycleEvent) -> None:
+        """:meth:`advance` for our own calls: a refusal is a :class:`Disconnected`."""
+        try:
+            self.advance(event)
+        except LifecycleError as exc:
+            raise Disconnected(str(exc)) from None
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
@@ -180,6 +201,7 @@ class Session:
         except (ConnectionError, OSError) as exc:
             self.closed_reason = f"connection lost: {exc}"
         finally:
+            self.advance(LifecycleEvent.CONNECTION_LOST)
             for fut in self.calls.values():
                 if not fut.done():
                     fut.set_exception(Disconnected(self.closed_reason or "connection closed"))
@@ -202,6 +224,9 @@ class Session:
             payload = handler(ev.payload)
         except TtrpcError as exc:
             self.conn.send_response(ev.stream_id, code=exc.code, message=exc.message)
+        except LifecycleError as exc:
+            log.warning("NRI protocol: %s", exc)
+            self.conn.send_response(ev.stream_id, code=Code.FAILED_PRECONDITION, message=str(exc))
         except DecodeError as exc:
             log.warning("%s: undecodable request: %s", ev.method, exc)
             self.conn.send_response(
@@ -243,9 +268,9 @@ class Session:
         ):
             hook = getattr(self.host.hook, f"nri_{event.name.lower()}", None)
             if hook is not None and hook.get_hookimpls():
-                h[method] = self._dedicated(event, req_type)
+                h[method] = self._dedicated(method, event, req_type)
 
-    def _dedicated(self, event: Event, req_type: type[Message]) -> Handler:
+    def _dedicated(self, method: str, event: Event, req_type: type[Message]) -> Handler:
         has_container = "container" in req_type.DESCRIPTOR.fields_by_name
 
         def handle(payload: bytes) -> bytes:
@@ -254,6 +279,7 @@ class Session:
             container = None
             if has_container and req.HasField("container"):
                 container = convert.container_from_pb(req.container)
+            self.advance(_event_kind(container is not None), method)
             self.host.notify(event, pod, container)
             return b""
 
@@ -261,6 +287,7 @@ class Session:
 
     def on_configure(self, payload: bytes) -> bytes:
         req = pb.ConfigureRequest.FromString(payload)
+        self.advance(LifecycleEvent.CONFIGURE)
         runtime = convert.runtime_from_pb(req)
         self.nri_version = runtime_nri_version(runtime.name, runtime.version, runtime.nri_version)
         events = self.host.configure(req.config, runtime)
@@ -274,8 +301,8 @@ class Session:
             ".".join(map(str, self.nri_version)) or "unknown",
             events,
         )
-        self.configured.set()
         if self.opts.fd is not None and not synchronizes_prelaunched(self.nri_version):
+            self.advance(LifecycleEvent.NO_SYNCHRONIZE)
             updates = self.host.restore_without_sync()
             if updates:
                 self.background(self.push_restored(updates))
@@ -283,6 +310,7 @@ class Session:
 
     def on_synchronize(self, payload: bytes) -> bytes:
         req = pb.SynchronizeRequest.FromString(payload)
+        self.advance(LifecycleEvent.SYNCHRONIZE_MORE if req.more else LifecycleEvent.SYNCHRONIZE)
         self.sync_pods.extend(req.pods)
         self.sync_containers.extend(req.containers)
         self.sync_messages += 1
@@ -302,19 +330,20 @@ class Session:
             len(updates),
             f", in {messages} messages" if messages > 1 else "",
         )
-        self.synchronized.set()
         resp = pb.SynchronizeResponse()
         for u in updates:
             convert.update_to_pb(u, resp.update.add())
         return wire(resp)
 
     def on_shutdown(self, payload: bytes) -> bytes:
+        self.advance(LifecycleEvent.SHUTDOWN)
         log.info("runtime asked us to shut down")
         self.host.shutdown()
         return b""
 
     def on_create_container(self, payload: bytes) -> bytes:
         req = pb.CreateContainerRequest.FromString(payload)
+        self.advance(LifecycleEvent.CONTAINER_EVENT, "CreateContainer")
         result = self.host.create_container(
             convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
         )
@@ -322,6 +351,7 @@ class Session:
 
     def on_update_container(self, payload: bytes) -> bytes:
         req = pb.UpdateContainerRequest.FromString(payload)
+        self.advance(LifecycleEvent.CONTAINER_EVENT, "UpdateContainer")
         updates = self.host.update_container(
             convert.pod_from_pb(req.pod),
             convert.container_from_pb(req.container),
@@ -334,6 +364,7 @@ class Session:
 
     def on_stop_container(self, payload: bytes) -> bytes:
         req = pb.StopContainerRequest.FromString(payload)
+        self.advance(LifecycleEvent.CONTAINER_EVENT, "StopContainer")
         updates = self.host.stop_container(
             convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
         )
@@ -344,6 +375,7 @@ class Session:
 
     def on_update_pod_sandbox(self, payload: bytes) -> bytes:
         req = pb.UpdatePodSandboxRequest.FromString(payload)
+        self.advance(LifecycleEvent.POD_EVENT, "UpdatePodSandbox")
         self.host.update_pod_sandbox(
             convert.pod_from_pb(req.pod), convert.resources_from_pb(req.linux_resources)
         )
@@ -351,12 +383,14 @@ class Session:
 
     def on_state_change(self, payload: bytes) -> bytes:
         req = pb.StateChangeEvent.FromString(payload)
+        has_container = req.HasField("container")
+        self.advance(_event_kind(has_container), "StateChange")
         try:
             event = Event(req.event)
         except ValueError:
             log.warning("ignoring unknown NRI event %d", req.event)
             return b""
-        container = convert.container_from_pb(req.container) if req.HasField("container") else None
+        container = convert.container_from_pb(req.container) if has_container else None
         self.host.notify(event, convert.pod_from_pb(req.pod), container)
         return b""
 
@@ -381,17 +415,24 @@ class Session:
 
     async def register(self) -> None:
         req = pb.RegisterPluginRequest(plugin_name=self.opts.name, plugin_idx=self.opts.index)
+        self.advance_own(LifecycleEvent.REGISTER)
         # the runtime admits plugins one at a time: we may wait behind another
         await self.call("RegisterPlugin", req, pb.Empty, self.opts.register_timeout)
-        self.registered.set()
+        self.advance_own(LifecycleEvent.REGISTERED)
 
     async def update_containers(self, updates: list[Update]) -> list[Update]:
+        self.advance_own(LifecycleEvent.UPDATE_CONTAINERS)
         req = pb.UpdateContainersRequest()
         for u in updates:
             convert.update_to_pb(u, req.update.add())
         resp = await self.call("UpdateContainers", req, pb.UpdateContainersResponse)
         failed: Any = resp
         return [convert.update_from_pb(u) for u in failed.failed]
+
+
+def _event_kind(has_container: bool) -> LifecycleEvent:
+    """Which lifecycle event a pod or container notification is."""
+    return LifecycleEvent.CONTAINER_EVENT if has_container else LifecycleEvent.POD_EVENT
 
 
 class PluginStub:

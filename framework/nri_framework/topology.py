@@ -1,7 +1,8 @@
 """CPU and memory topology of a host, discovered once from sysfs.
 
 ``Topology.from_sysfs(host_root)`` reads ``<host_root>/sys/devices/system/{cpu,node}``
-(and ``/sys/devices/cpu_{core,atom}/cpus`` on hybrid CPUs) and precomputes every
+(and ``/sys/devices/cpu_{core,atom}/cpus`` on hybrid CPUs; the reading is
+:mod:`nri_framework.sysfs`) and precomputes every
 CPU set the policies need as ``int`` bitmasks (see :mod:`nri_framework.cpuset`):
 per package, per (package, die), per NUMA node, per L2 and L3 cache group and
 per core. Helpers such as :meth:`Topology.siblings` and
@@ -35,7 +36,6 @@ Every unreadable or malformed file raises :class:`TopologyError` naming the path
 from __future__ import annotations
 
 import enum
-import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,8 +43,6 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from nri_framework import cpuset
-
-log = logging.getLogger("nri_framework.topology")
 
 Level = Literal["system", "package", "die", "numa", "l2cache", "l3cache", "core", "thread"]
 """Topology levels, widest first. The CPU tree uses all but ``l3cache``."""
@@ -161,223 +159,6 @@ class TreeNode:
         return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# sysfs reading
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        raise TopologyError(f"missing {path}", path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"cannot read {path}: {exc}", path) from None
-
-
-def _read_optional(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"cannot read {path}: {exc}", path) from None
-
-
-def _int(path: Path, text: str | None = None) -> int:
-    text = _read(path) if text is None else text
-    try:
-        return int(text)
-    except ValueError:
-        raise TopologyError(f"invalid integer {text!r} in {path}", path) from None
-
-
-def _mask(path: Path, text: str | None = None) -> int:
-    text = _read(path) if text is None else text
-    try:
-        return cpuset.parse(text)
-    except cpuset.CpusetError as exc:
-        raise TopologyError(f"invalid list {text!r} in {path}: {exc}", path) from None
-
-
-def _optional_int(path: Path) -> int | None:
-    text = _read_optional(path)
-    return None if text is None else _int(path, text)
-
-
-def _optional_mask(path: Path) -> int | None:
-    text = _read_optional(path)
-    return None if text is None else _mask(path, text)
-
-
-def _meminfo_total(path: Path) -> int:
-    text = _read_optional(path)
-    if text is None:
-        return 0
-    for line in text.splitlines():
-        words = line.split()
-        if "MemTotal:" in words:
-            i = words.index("MemTotal:")
-            try:
-                return int(words[i + 1])
-            except (IndexError, ValueError):
-                break
-    raise TopologyError(f"no valid MemTotal line in {path}", path)
-
-
-# ---------------------------------------------------------------------------
-# discovery
-
-
-@dataclass(slots=True)
-class _CacheGroups:
-    """The cache groups of one level during discovery: key -> shared CPUs, and the file
-    that first defined each key (for error messages)."""
-
-    level: int
-    masks: dict[int, int] = field(default_factory=dict)
-    paths: dict[int, Path] = field(default_factory=dict)
-    of_cpu: dict[int, int] = field(default_factory=dict)
-
-    def add(self, cpu: int, shared: int, cache_id: int | None, path: Path) -> None:
-        if not shared >> cpu & 1:
-            raise TopologyError(
-                f"CPU {cpu} is not in its own L{self.level} shared_cpu_list "
-                f"{cpuset.format(shared)!r} in {path}",
-                path,
-            )
-        key = cache_id if cache_id is not None else (shared & -shared).bit_length() - 1
-        known = self.masks.get(key)
-        if known is None:
-            self.masks[key] = shared
-            self.paths[key] = path
-        elif known != shared:
-            raise TopologyError(
-                f"L{self.level} cache id {key} is shared by CPUs {cpuset.format(shared)} "
-                f"in {path} but by CPUs {cpuset.format(known)} in {self.paths[key]}",
-                path,
-            )
-        self.of_cpu[cpu] = key
-
-
-def _discover_caches(cpu: int, cpu_dir: Path, online: int, groups: dict[int, _CacheGroups]) -> None:
-    cache_dir = cpu_dir / "cache"
-    try:
-        entries = sorted(
-            (e for e in os.scandir(cache_dir) if e.name.startswith("index")),
-            key=lambda e: e.name,
-        )
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise TopologyError(f"cannot list {cache_dir}: {exc}", cache_dir) from None
-    for entry in entries:
-        index = Path(entry.path)
-        level = _int(index / "level")
-        if level not in groups or cpu in groups[level].of_cpu:
-            continue
-        kind = _read(index / "type")
-        if kind == "Instruction":
-            continue
-        shared = _mask(index / "shared_cpu_list") & online
-        groups[level].add(cpu, shared, _optional_int(index / "id"), index / "shared_cpu_list")
-
-
-def _fill_missing_caches(
-    group: _CacheGroups, online: int, fallback: Mapping[int, int], sys_cpu: Path
-) -> dict[int, int]:
-    """CPU -> cache key; every CPU gets ``fallback[cpu]`` as its group when none has the level."""
-    missing = online & ~cpuset.from_ids(group.of_cpu)
-    if missing and group.of_cpu:
-        first = (missing & -missing).bit_length() - 1
-        path = sys_cpu / f"cpu{first}" / "cache"
-        raise TopologyError(
-            f"no L{group.level} cache for CPUs {cpuset.format(missing)} (see {path}) while "
-            f"CPUs {cpuset.format(cpuset.from_ids(group.of_cpu))} have one",
-            path,
-        )
-    if missing:
-        log.debug("no L%d cache information; grouping CPUs by fallback", group.level)
-        for cpu in cpuset.ids(online):
-            mask = fallback[cpu]
-            group.add(cpu, mask, None, sys_cpu)
-    return group.of_cpu
-
-
-def _discover_core_types(root: Path, online: int, core_of: Mapping[int, int]) -> int:
-    """The efficient (Atom) CPUs as a mask; validated to be whole cores."""
-    perf_path, eff_path = (root / p for p in HYBRID_CPUS.values())
-    perf = _optional_mask(perf_path)
-    eff = _optional_mask(eff_path)
-    if perf is None and eff is None:
-        return 0
-    if eff is None:
-        assert perf is not None
-        eff = online & ~perf
-    elif perf is None:
-        perf = online & ~eff
-    perf &= online
-    eff &= online
-    both = perf & eff
-    if both:
-        raise TopologyError(
-            f"CPUs {cpuset.format(both)} are listed in both {perf_path} and {eff_path}", eff_path
-        )
-    neither = online & ~(perf | eff)
-    if neither:
-        raise TopologyError(
-            f"CPUs {cpuset.format(neither)} are in neither {perf_path} nor {eff_path}", eff_path
-        )
-    for cpu in cpuset.ids(eff):
-        if core_of[cpu] & ~eff:
-            raise TopologyError(
-                f"core of CPU {cpu} ({cpuset.format(core_of[cpu])}) is only partly "
-                f"listed in {eff_path}",
-                eff_path,
-            )
-    return eff
-
-
-def _discover_nodes(root: Path, online: int) -> dict[int, NumaNode]:
-    node_dir = root / SYS_NODE
-    if not node_dir.is_dir():
-        mem = _meminfo_total(root / "proc" / "meminfo") if (root / "proc").is_dir() else 0
-        return {0: NumaNode(0, online, {0: 10}, mem)}
-    node_ids = _optional_mask(node_dir / "online")
-    if node_ids is None:
-        try:
-            names = [e.name for e in os.scandir(node_dir)]
-        except OSError as exc:
-            raise TopologyError(f"cannot list {node_dir}: {exc}", node_dir) from None
-        node_ids = cpuset.from_ids(
-            int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit()
-        )
-    if not node_ids:
-        raise TopologyError(f"no online NUMA nodes in {node_dir / 'online'}", node_dir / "online")
-    order = cpuset.ids(node_ids)
-    nodes: dict[int, NumaNode] = {}
-    for n in order:
-        d = node_dir / f"node{n}"
-        cpus = _mask(d / "cpulist") & online
-        dist_text = _read_optional(d / "distance")
-        if dist_text is None:
-            distances = {m: 10 if m == n else 20 for m in order}
-        else:
-            try:
-                values = [int(v) for v in dist_text.split()]
-            except ValueError:
-                raise TopologyError(
-                    f"invalid distances {dist_text!r} in {d / 'distance'}", d / "distance"
-                ) from None
-            if len(values) != len(order):
-                raise TopologyError(
-                    f"{len(values)} distances in {d / 'distance'} for {len(order)} online nodes",
-                    d / "distance",
-                )
-            distances = dict(zip(order, values, strict=True))
-        nodes[n] = NumaNode(n, cpus, distances, _meminfo_total(d / "meminfo"))
-    return nodes
-
-
 def _unknown_level(level: object) -> ValueError:
     return ValueError(f"unknown topology level {level!r}, expected one of {', '.join(LEVELS)}")
 
@@ -463,120 +244,11 @@ class Topology:
 
     @classmethod
     def from_sysfs(cls, host_root: str | os.PathLike[str] = "/") -> Topology:
-        """Discover the topology under ``host_root`` (``/`` or e.g. ``/host``)."""
-        root = Path(host_root)
-        sys_cpu = root / SYS_CPU
-        online = _mask(sys_cpu / "online")
-        if not online:
-            raise TopologyError(f"no online CPUs in {sys_cpu / 'online'}", sys_cpu / "online")
-        possible = _optional_mask(sys_cpu / "possible")
-        isolated = _optional_mask(sys_cpu / "isolated") or 0
+        """Discover the topology under ``host_root`` (``/`` or e.g. ``/host``),
+        with :func:`nri_framework.sysfs.discover`."""
+        from nri_framework.sysfs import discover  # it builds this module's records
 
-        package: dict[int, int] = {}
-        die: dict[int, int] = {}
-        core_id: dict[int, int] = {}
-        core_of: dict[int, int] = {}
-        freq: dict[int, CpuFreq] = {}
-        no_base = 0
-        caches = {2: _CacheGroups(2), 3: _CacheGroups(3)}
-        for cpu in cpuset.ids(online):
-            cpu_dir = sys_cpu / f"cpu{cpu}"
-            topo = cpu_dir / "topology"
-            package[cpu] = _int(topo / "physical_package_id")
-            die[cpu] = _optional_int(topo / "die_id") or 0
-            core_id[cpu] = _int(topo / "core_id")
-            siblings_path = topo / "thread_siblings_list"
-            siblings = _optional_mask(siblings_path)
-            if siblings is None:
-                siblings_path = topo / "core_cpus_list"
-                siblings = _mask(siblings_path)
-            siblings &= online
-            if not siblings >> cpu & 1:
-                raise TopologyError(
-                    f"CPU {cpu} is not in its own thread siblings "
-                    f"{cpuset.format(siblings)!r} in {siblings_path}",
-                    siblings_path,
-                )
-            core_of[cpu] = siblings
-            _discover_caches(cpu, cpu_dir, online, caches)
-            f = cpu_dir / "cpufreq"
-            fmin = _optional_int(f / "cpuinfo_min_freq") or 0
-            fmax = _optional_int(f / "cpuinfo_max_freq") or 0
-            base = _optional_int(f / "base_frequency")
-            if base is None:
-                if fmax:
-                    no_base |= 1 << cpu
-                base = fmax
-            freq[cpu] = CpuFreq(fmin, base, fmax)
-        if no_base:
-            log.warning(
-                "no cpufreq/base_frequency for CPUs %s; using cpuinfo_max_freq as base",
-                cpuset.format(no_base),
-            )
-
-        for cpu, siblings in core_of.items():
-            for other in cpuset.ids(siblings):
-                if core_of[other] != siblings or package[other] != package[cpu]:
-                    path = sys_cpu / f"cpu{other}" / "topology" / "thread_siblings_list"
-                    raise TopologyError(
-                        f"CPU {cpu} lists thread siblings {cpuset.format(siblings)} "
-                        f"but CPU {other} (package {package[other]}) lists "
-                        f"{cpuset.format(core_of[other])} in {path}",
-                        path,
-                    )
-        die_masks: dict[tuple[int, int], int] = {}
-        for cpu in core_of:
-            key = (package[cpu], die[cpu])
-            die_masks[key] = die_masks.get(key, 0) | 1 << cpu
-        l2 = _fill_missing_caches(caches[2], online, core_of, sys_cpu)
-        l3 = _fill_missing_caches(
-            caches[3], online, {c: die_masks[(package[c], die[c])] for c in core_of}, sys_cpu
-        )
-
-        nodes = _discover_nodes(root, online)
-        node_of: dict[int, int] = {}
-        for n, node in nodes.items():
-            for cpu in cpuset.ids(node.cpus):
-                if cpu in node_of:
-                    path = root / SYS_NODE / f"node{n}" / "cpulist"
-                    raise TopologyError(
-                        f"CPU {cpu} is in NUMA node {node_of[cpu]} and in node {n} ({path})",
-                        path,
-                    )
-                node_of[cpu] = n
-        unplaced = online & ~cpuset.from_ids(node_of)
-        if unplaced:
-            path = root / SYS_NODE
-            raise TopologyError(
-                f"CPUs {cpuset.format(unplaced)} are in no NUMA node's cpulist under {path}", path
-            )
-        memory_nodes = _optional_mask(root / SYS_NODE / "has_memory")
-
-        efficient = _discover_core_types(root, online, core_of)
-        infos: dict[int, CpuInfo] = {}
-        for cpu, siblings in core_of.items():
-            infos[cpu] = CpuInfo(
-                id=cpu,
-                package=package[cpu],
-                die=die[cpu],
-                node=node_of[cpu],
-                core_id=core_id[cpu],
-                core=(siblings & -siblings).bit_length() - 1,
-                thread=(siblings & ((1 << cpu) - 1)).bit_count(),
-                l2=l2[cpu],
-                l3=l3[cpu],
-                core_type=CoreType.EFFICIENT if efficient >> cpu & 1 else CoreType.PERFORMANCE,
-                isolated=bool(isolated >> cpu & 1),
-                freq=freq[cpu],
-            )
-        return cls(
-            infos,
-            nodes,
-            possible=possible,
-            isolated=isolated,
-            memory_nodes=memory_nodes,
-            host_root=root,
-        )
+        return discover(host_root)
 
     # -- queries ------------------------------------------------------------
 

@@ -1,11 +1,17 @@
 """A runtime simulator: containerd's side of NRI, and Pod YAML as the kubelet sees it.
 
 * :mod:`.runtime` -- :class:`SimulatedRuntime`, the NRI runtime side over a unix
-  socket (registration, Configure, Synchronize with paging, events, merging
-  of plugin answers, timeouts, a container table);
+  socket: the pod and container store and the CRI-like operations;
+* :mod:`.adaptation` -- its plugins: registration, Configure, Synchronize with
+  paging, event fan-out, timeouts, plugin updates;
+* :mod:`.peer` -- the runtime's end of one plugin trunk;
+* :mod:`.merge` -- merging plugin answers with per-field ownership;
+* :mod:`.emulation` -- which runtime and NRI version is emulated;
+* :mod:`.wire` -- containerd's way of applying new resources to a container;
 * :mod:`.podspec` -- Kubernetes Pod YAML -> NRI pods/containers (QoS, shares,
   quota, memory limit, labels);
-* :mod:`.quantity` -- Kubernetes resource quantities;
+* :mod:`.sysfs` -- sysfs trees for a simulated host; :mod:`.topologies` -- the
+  named topologies they are written from;
 * :mod:`.scenario` -- ``nri-resource-policy simulate``.
 """
 

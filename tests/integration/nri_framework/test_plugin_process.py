@@ -214,6 +214,17 @@ async def test_hostile_peer_gets_protocol_answers(paths: dict[str, Path], launch
     async with RawRuntime(paths["socket"]) as raw:
         plugin = await launch()
         reader, writer, conn = await raw.accept()
+        await plugin.wait_output("registered as", timeout=5)  # it read the answer
+        req = pb.CreateContainerRequest()
+        req.pod.id = "p"
+        req.container.id = "c"
+        req.container.linux.resources.cpu.shares.value = 2
+        # out of order: a create before Configure is a protocol error, the trunk lives
+        early = await raw.call(reader, writer, conn, "CreateContainer", req.SerializeToString())
+        assert (early.code, early.message) == (
+            Code.FAILED_PRECONDITION,
+            "CreateContainer is not allowed in state registered",
+        )
         configure = pb.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24")
         ok = await raw.call(reader, writer, conn, "Configure", configure.SerializeToString())
         assert ok.code == 0 and pb.ConfigureResponse.FromString(ok.payload).events
@@ -221,11 +232,18 @@ async def test_hostile_peer_gets_protocol_answers(paths: dict[str, Path], launch
         assert bad.code == Code.INVALID_ARGUMENT
         unknown = await raw.call(reader, writer, conn, "FlyToTheMoon", b"")
         assert (unknown.code, unknown.message) == (Code.UNIMPLEMENTED, "method FlyToTheMoon")
+        # ... and so is one between Configure and Synchronize
+        early = await raw.call(reader, writer, conn, "CreateContainer", req.SerializeToString())
+        assert (early.code, early.message) == (
+            Code.FAILED_PRECONDITION,
+            "CreateContainer is not allowed in state configured",
+        )
+        await plugin.wait_output(
+            "NRI protocol: CreateContainer is not allowed in state configured", timeout=5
+        )
+        synced = await raw.call(reader, writer, conn, "Synchronize", b"")
+        assert synced.code == 0
         # a create for a pod the plugin never heard of still gets a decision
-        req = pb.CreateContainerRequest()
-        req.pod.id = "p"
-        req.container.id = "c"
-        req.container.linux.resources.cpu.shares.value = 2
         created = await raw.call(reader, writer, conn, "CreateContainer", req.SerializeToString())
         assert created.code == 0
         answer = pb.CreateContainerResponse.FromString(created.payload)

@@ -29,7 +29,8 @@ import pytest
 from nri_framework.model import Container, Pod
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
-from nri_framework.simulate.sysfs import TOPOLOGIES, write_cpu_tree, write_topology
+from nri_framework.simulate.sysfs import write_cpu_tree, write_topology
+from nri_framework.simulate.topologies import TOPOLOGIES
 
 TESTS = Path(__file__).resolve().parents[2]
 for _p in (str(TESTS), str(TESTS / "integration" / "nri_sst")):

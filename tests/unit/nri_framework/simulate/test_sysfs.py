@@ -8,19 +8,18 @@ from pathlib import Path
 import pytest
 from nri_framework import cpuset
 from nri_framework.simulate.sysfs import (
-    N4C16,
-    S8C4K,
-    TOPOLOGIES,
-    XEON_6776P,
     TopologyError,
-    TopologySpec,
-    UncoreSpec,
     _hexmask,
     online,
     prepare_host_root,
     write_topology,
 )
-from nri_framework.topology import TopologyError as DiscoveryError
+from nri_framework.simulate.topologies import (
+    S8C4K,
+    XEON_6776P,
+    TopologySpec,
+    UncoreSpec,
+)
 
 CPU = "sys/devices/system/cpu"
 NODE = "sys/devices/system/node"
@@ -33,36 +32,6 @@ def read(root: Path, rel: str) -> str:
 @pytest.fixture(scope="module")
 def xeon(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_topology(tmp_path_factory.mktemp("xeon"), "xeon-6776p")
-
-
-def test_presets() -> None:
-    assert set(TOPOLOGIES) == {"n4c16", "xeon-6776p", "pct16", "s8c4k"}
-    assert (N4C16.ncpus, XEON_6776P.ncpus, S8C4K.ncpus) == (16, 256, 4096)
-    assert TopologyError is DiscoveryError
-
-
-def test_xeon_numbering_matches_sst_reference() -> None:
-    # sst.md §5.2: thread = c // 128, core_in_pkg = c % 64, pkg = (c % 128) // 64,
-    # punit (= SNC node within the package) = core_in_pkg // 32.
-    cpus = list(XEON_6776P.cpus())
-    assert [c.cpu for c in cpus] == list(range(256))
-    for c in cpus:
-        pkg = (c.cpu % 128) // 64
-        assert (c.thread, c.core_id, c.package, c.die) == (c.cpu // 128, c.cpu % 64, pkg, pkg)
-        assert c.node == 2 * pkg + (c.cpu % 64) // 32
-
-
-def test_n4c16_numbering_is_qemu() -> None:
-    cpus = list(N4C16.cpus())
-    assert [(c.package, c.node, c.core_id, c.thread) for c in cpus[:6]] == [
-        (0, 0, 0, 0),
-        (0, 0, 0, 1),
-        (0, 0, 1, 0),
-        (0, 0, 1, 1),
-        (0, 1, 2, 0),
-        (0, 1, 2, 1),
-    ]
-    assert cpus[15].package == 1 and cpus[15].node == 3
 
 
 def test_xeon_files(xeon: Path) -> None:
@@ -212,25 +181,6 @@ def test_hexmask() -> None:
     assert _hexmask(0x30, 16) == "0030"
     assert _hexmask(1 << 32, 40) == "01,00000000"
     assert _hexmask(0, 64) == "00000000,00000000"
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"packages": 0},
-        {"threads_per_core": 0},
-        {"dies_per_package": 2, "die_id_is_package": True},
-        {"cores_per_node": 3, "cores_per_l2": 2},
-        {"online": "0-99"},
-        {"online": ""},
-        {"online": "x"},
-        {"online": "0", "present": "1"},
-        {"present": "0-99"},
-    ],
-)
-def test_invalid_specs(kwargs: dict[str, object]) -> None:
-    with pytest.raises(TopologyError):
-        TopologySpec(**kwargs)  # type: ignore[arg-type]
 
 
 def test_prepare_host_root(tmp_path: Path) -> None:

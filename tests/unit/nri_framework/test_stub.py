@@ -1,0 +1,207 @@
+"""The stub's Session over a real socket pair: the lifecycle gate and the dedicated RPCs.
+
+The runtime end is the sans-IO codec (:class:`NriConnection` with
+:attr:`Role.RUNTIME`) on the other end of a ``socketpair``; the plugin end is
+the real :class:`Session` with a real :class:`PolicyHost` and a small policy of
+ours that records what it was asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+from nri_framework.hookspecs import hookimpl
+from nri_framework.host import PolicyHost
+from nri_framework.model import Container, CreateResult, Pod
+from nri_framework.nri.connection import NriConnection, Role
+from nri_framework.nri.lifecycle import LifecycleState
+from nri_framework.nri.ttrpc import Code, RequestReceived, ResponseReceived
+from nri_framework.pb import nri_pb2 as pb
+from nri_framework.stub import Session, StubOptions
+
+# Every v0.12 dedicated event RPC (reference nri-protocol.md A4).
+DEDICATED = (
+    "RunPodSandbox",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "PostUpdatePodSandbox",
+    "PostCreateContainer",
+    "StartContainer",
+    "PostStartContainer",
+    "PostUpdateContainer",
+    "RemoveContainer",
+)
+
+
+class Recorder:
+    """Wants CreateContainer and StartContainer, nothing else."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> CreateResult:
+        self.calls.append(("create", container.id))
+        return CreateResult()
+
+    @hookimpl
+    def nri_start_container(self, pod: Pod, container: Container) -> None:
+        self.calls.append(("start", container.id))
+
+
+@dataclass
+class Trunk:
+    session: Session
+    policy: Recorder
+    conn: NriConnection
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    async def accept_registration(self) -> None:
+        registering = asyncio.create_task(self.session.register())
+        while True:
+            data = await asyncio.wait_for(self.reader.read(65536), 5)
+            assert data, "the plugin closed the trunk"
+            reqs = [e for e in self.conn.receive_data(data) if isinstance(e, RequestReceived)]
+            if reqs:
+                assert reqs[0].method == "RegisterPlugin"
+                self.conn.send_response(reqs[0].stream_id, b"")
+                self.writer.write(self.conn.data_to_send())
+                await asyncio.wait_for(registering, 5)
+                return
+
+    async def call(self, method: str, payload: bytes = b"") -> ResponseReceived:
+        """Call ``method`` of the plugin's service and read its answer."""
+        sid = self.conn.send_request(method, payload)
+        self.writer.write(self.conn.data_to_send())
+        while True:
+            data = await asyncio.wait_for(self.reader.read(65536), 5)
+            assert data, "the plugin closed the trunk"
+            for ev in self.conn.receive_data(data):
+                if isinstance(ev, ResponseReceived) and ev.stream_id == sid:
+                    return ev
+
+
+@pytest.fixture
+async def trunk() -> AsyncIterator[Trunk]:
+    plugin_end, runtime_end = socket.socketpair()
+    policy = Recorder()
+    host = PolicyHost("recorder", policy)
+    p_reader, p_writer = await asyncio.open_unix_connection(sock=plugin_end)
+    r_reader, r_writer = await asyncio.open_unix_connection(sock=runtime_end)
+    session = Session(host, StubOptions(), p_reader, p_writer)
+    reading = asyncio.create_task(session.read_loop())
+    try:
+        trunk = Trunk(session, policy, NriConnection(Role.RUNTIME), r_reader, r_writer)
+        await trunk.accept_registration()
+        assert session.registered.is_set() and not session.configured.is_set()
+        yield trunk
+    finally:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+        for w in (p_writer, r_writer):
+            w.close()
+
+
+def create_request(cid: str) -> bytes:
+    req = pb.CreateContainerRequest()
+    req.pod.id = "p"
+    req.container.id = cid
+    req.container.pod_sandbox_id = "p"
+    return bytes(req.SerializeToString())
+
+
+def container_request(req_type: type[Message], cid: str) -> bytes:
+    """A dedicated RPC's request: the pod, and the container where the type has one."""
+    req: Any = req_type()
+    req.pod.id = "p"
+    if "container" in req_type.DESCRIPTOR.fields_by_name:
+        req.container.id = cid
+    return bytes(req.SerializeToString())
+
+
+async def synchronize(trunk: Trunk) -> None:
+    configure = pb.ConfigureRequest(runtime_name="containerd", runtime_version="2.2.1")
+    assert (await trunk.call("Configure", configure.SerializeToString())).code == 0
+    assert (await trunk.call("Synchronize")).code == 0
+    assert trunk.session.lifecycle.state is LifecycleState.SYNCHRONIZED
+
+
+async def test_create_before_configure_is_a_protocol_error(trunk: Trunk) -> None:
+    early = await trunk.call("CreateContainer", create_request("c0"))
+    assert (early.code, early.message) == (
+        Code.FAILED_PRECONDITION,
+        "CreateContainer is not allowed in state registered",
+    )
+    assert trunk.policy.calls == []  # the policy was not asked
+    # the trunk lives: the runtime goes on as it should
+    await synchronize(trunk)
+    assert trunk.session.configured.is_set() and trunk.session.synchronized.is_set()
+    created = await trunk.call("CreateContainer", create_request("c1"))
+    assert created.code == 0
+    assert trunk.policy.calls == [("create", "c1")]
+
+
+async def test_create_between_configure_and_synchronize(trunk: Trunk) -> None:
+    configure = pb.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24")
+    assert (await trunk.call("Configure", configure.SerializeToString())).code == 0
+    assert trunk.session.configured.is_set() and not trunk.session.synchronized.is_set()
+    for method, payload in (
+        ("CreateContainer", create_request("c0")),
+        ("StartContainer", container_request(pb.StartContainerRequest, "c0")),
+        ("StateChange", pb.StateChangeEvent(event=pb.RUN_POD_SANDBOX).SerializeToString()),
+    ):
+        early = await trunk.call(method, payload)
+        assert (early.code, early.message) == (
+            Code.FAILED_PRECONDITION,
+            f"{method} is not allowed in state configured",
+        )
+    assert trunk.policy.calls == []
+
+
+async def test_split_synchronize_takes_no_event_between_parts(trunk: Trunk) -> None:
+    configure = pb.ConfigureRequest(runtime_name="containerd", runtime_version="2.0.0")
+    assert (await trunk.call("Configure", configure.SerializeToString())).code == 0
+    part = await trunk.call("Synchronize", pb.SynchronizeRequest(more=True).SerializeToString())
+    assert part.code == 0 and pb.SynchronizeResponse.FromString(part.payload).more
+    early = await trunk.call("CreateContainer", create_request("c0"))
+    assert (early.code, early.message) == (
+        Code.FAILED_PRECONDITION,
+        "CreateContainer is not allowed in state synchronizing",
+    )
+    assert (await trunk.call("Synchronize")).code == 0
+    assert (await trunk.call("CreateContainer", create_request("c0"))).code == 0
+    assert trunk.policy.calls == [("create", "c0")]
+
+
+async def test_configure_twice_is_refused(trunk: Trunk) -> None:
+    await synchronize(trunk)
+    again = await trunk.call("Configure", pb.ConfigureRequest().SerializeToString())
+    assert (again.code, again.message) == (
+        Code.FAILED_PRECONDITION,
+        "Configure is not allowed in state synchronized",
+    )
+
+
+async def test_dedicated_rpcs_no_hook_wants_are_unimplemented(trunk: Trunk) -> None:
+    """v0.12 falls back to StateChange only on UNIMPLEMENTED: an empty OK would
+    swallow the event. The host's cache wants the removals; the policy wants
+    StartContainer; every other dedicated RPC must be UNIMPLEMENTED."""
+    await synchronize(trunk)
+    served = {"StartContainer", "RemoveContainer", "RemovePodSandbox"}
+    for method in DEDICATED:
+        req_type = getattr(pb, f"{method}Request")
+        answer = await trunk.call(method, container_request(req_type, "c0"))
+        if method in served:
+            assert answer.code == 0, (method, answer.message)
+        else:
+            assert (answer.code, answer.message) == (Code.UNIMPLEMENTED, f"method {method}")
+    assert trunk.policy.calls == [("start", "c0")]
