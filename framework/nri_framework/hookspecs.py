@@ -33,8 +33,7 @@ import pluggy
 from nri_framework.model import Event
 
 if TYPE_CHECKING:
-    from nri_framework.host import PolicyHost
-    from nri_framework.instrumentation import MetricFamily
+    from nri_framework.contract import Host, MetricFamily
     from nri_framework.model import (
         Container,
         CreateResult,
@@ -58,13 +57,13 @@ class PolicyError(Exception):
 
 
 @hookspec
-def policy_start(host: PolicyHost) -> None:
+def policy_start(host: Host) -> None:
     """Called once, after registration with the host and before any NRI traffic.
 
     :param host: the host's services for this policy: command-line options
         (``host.options``), the state directory, the host root to read sysfs
         from, a logger, the pod/container cache, and
-        :meth:`~nri_framework.host.PolicyHost.update_containers` to push
+        :meth:`~nri_framework.contract.Host.update_containers` to push
         unsolicited updates to the runtime.
 
     Read the hardware topology here, not in event hooks.
@@ -148,7 +147,7 @@ def policy_collect_metrics() -> list[MetricFamily] | None:
 
     Called on the NRI event loop between requests (never during one), so it
     reads the policy's state without locks; keep it cheap (no I/O). Return
-    plain data: :class:`~nri_framework.instrumentation.MetricFamily` values,
+    plain data: :class:`~nri_framework.contract.MetricFamily` values,
     each exported as ``nri_policy_<name>_<unit>`` (the host owns
     ``prometheus_client``). Every implementation is called; ``None`` or
     ``[]`` contributes nothing. A family whose samples come and go (one per

@@ -23,7 +23,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pluggy
@@ -44,6 +44,9 @@ from nri_framework.model import (
     Update,
 )
 from nri_framework.nri.versions import valid_events
+
+if TYPE_CHECKING:
+    from nri_framework.contract import Host
 
 log = logging.getLogger("nri_framework.host")
 
@@ -613,3 +616,9 @@ class PolicyHost:
         if self.journal is not None:
             self.journal.reset()
             self._policy_state = b""  # each journal carries the policy's state again
+
+
+if TYPE_CHECKING:
+    # the host keeps the contract's promise to policies (mypy checks it here)
+    def _as_contract(host: PolicyHost) -> Host:
+        return host

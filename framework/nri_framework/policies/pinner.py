@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from nri_framework import cpuset
+from nri_framework.contract import Host
 from nri_framework.hookspecs import PolicyError, hookimpl
-from nri_framework.host import PolicyHost
 from nri_framework.model import (
     Adjustment,
     Container,
@@ -97,7 +97,7 @@ class Pinner:
     # -- hooks ---------------------------------------------------------------
 
     @hookimpl
-    def policy_start(self, host: PolicyHost) -> None:
+    def policy_start(self, host: Host) -> None:
         online_file = Path(host.host_root) / "sys/devices/system/cpu/online"
         override = host.options.get("cpus")
         text = override if override else online_file.read_text()

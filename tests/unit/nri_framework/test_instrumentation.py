@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nri_framework.contract import MetricFamily
 from nri_framework.hookspecs import hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.inspect import render, url_for
 from nri_framework.instrumentation import (
     AddressError,
     Instrumentation,
-    MetricFamily,
     parse_address,
 )
 from nri_framework.model import Container, CpuResources, Pod, Resources

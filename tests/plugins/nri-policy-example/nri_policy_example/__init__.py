@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from nri_framework import cpuset
+from nri_framework.contract import Host
 from nri_framework.hookspecs import hookimpl
-from nri_framework.host import PolicyHost
 from nri_framework.model import Adjustment, Container, CreateResult, Pod, cpu_pin
 
 ANNOTATION = "example.nri-policy/decided-by"
@@ -20,7 +20,7 @@ class ExamplePolicy:
         self.cpus = ""
 
     @hookimpl
-    def policy_start(self, host: PolicyHost) -> None:
+    def policy_start(self, host: Host) -> None:
         online = cpuset.parse((Path(host.host_root) / "sys/devices/system/cpu/online").read_text())
         self.cpus = str(online.bit_length() - 1)
 
