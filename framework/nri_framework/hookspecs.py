@@ -19,9 +19,15 @@ Rules that hold for every hook:
   request. For CreateContainer this fails the container's creation with the
   exception's text, which the runtime reports to the kubelet; raise
   :class:`PolicyError` with a message an operator can act on.
+* Only the active policy decides. Other registered plugins (observers) get
+  the notification hooks; the host calls a decision hook (see
+  :data:`DECISION_HOOKS`: every ``firstresult`` hook, and the requests whose
+  answer is the policy's acceptance) on the policy's implementation alone, so
+  an observer's answer can neither replace nor refuse the policy's.
 * The subscription to runtime events is derived from which ``nri_*`` hooks
-  any registered plugin implements (see :data:`EVENT_HOOKS`), capped by what
-  the runtime's NRI version accepts.
+  the policy implements, and which notification hooks any registered plugin
+  implements (see :data:`EVENT_HOOKS`), capped by what the runtime's NRI
+  version accepts.
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ def policy_start(host: Host) -> None:
 def policy_export_state() -> Any:
     """Return the policy's state to persist, or ``None``.
 
+    Stops at the first non-None result: the state to persist (``None``: the
+    policy keeps none).
+
     Called after every change the host has applied, before the reply that
     announces it leaves (the host journals it: see :mod:`nri_framework.journal`),
     so keep it cheap. The value must be serializable by msgspec (Structs,
@@ -98,8 +107,8 @@ def policy_prepare_config(config: str, source: str) -> Any:
     :param config: the configuration text.
     :param source: where it came from, for messages.
 
-    Return what :func:`policy_reconfigure` gets as ``prepared``; raise
-    :class:`PolicyError` to reject the text.
+    Stops at the first non-None result: what :func:`policy_reconfigure` gets
+    as ``prepared``. Raise :class:`PolicyError` to reject the text.
     """
 
 
@@ -114,8 +123,9 @@ def policy_reconfigure(config: str, source: str, prepared: Any) -> list[Update] 
         (``None`` when no plugin implements it: parse ``config`` here then).
 
     Raise :class:`PolicyError` to reject it: the running configuration must
-    stay in force. Return the updates of the containers that moved; the host
-    pushes them to the runtime with UpdateContainers.
+    stay in force. Stops at the first non-None result: the updates of the
+    containers that moved, which the host pushes to the runtime with
+    UpdateContainers (``None``: nothing moved).
     """
 
 
@@ -123,8 +133,9 @@ def policy_reconfigure(config: str, source: str, prepared: Any) -> list[Update] 
 def policy_topology_zones() -> list[Zone] | None:
     """The NodeResourceTopology zones describing the policy's current placement.
 
-    Called by the agent after changes (off the reply path). ``None`` when the
-    policy publishes no zones.
+    Called by the agent after changes (off the reply path). Stops at the
+    first non-None result: the zones to publish (``None``: the policy
+    publishes no zones).
     """
 
 
@@ -136,8 +147,9 @@ def policy_extended_resources() -> dict[str, int | None] | None:
     a key ending in ``/*`` claims ownership of that domain (every matching key
     not published is removed). Only names matching ``*.nri.io/*`` are touched.
 
-    Called by the agent after changes (off the reply path). ``None`` when the
-    policy has no opinion.
+    Called by the agent after changes (off the reply path). Stops at the
+    first non-None result: the desired map (``None``: the policy has no
+    opinion).
     """
 
 
@@ -164,7 +176,8 @@ def policy_inspect() -> dict[str, Any] | None:
     every value that is a list of dicts as a table titled by its key (columns:
     the keys of the rows, scalars first, in order of first appearance), and a
     ``containers`` dict ``{container id: {column: value}}`` as extra columns of
-    its container table. ``None`` when the policy has nothing to show.
+    its container table. Stops at the first non-None result: that dict
+    (``None``: the policy has nothing to show).
     """
 
 
@@ -176,9 +189,13 @@ def policy_shutdown() -> None:
 # --- NRI requests that expect a decision ------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def nri_configure(config: str, runtime: RuntimeInfo) -> None:
     """The runtime's Configure request.
+
+    Not ``firstresult``: no result is meant, the reply (the event
+    subscription) is the host's. Returning accepts; a decision hook all the
+    same, called on the policy alone.
 
     :param config: configuration text the runtime has for this plugin (only
         pre-launched plugins get one; ``""`` otherwise).
@@ -202,9 +219,9 @@ def nri_synchronize(
     :param saved_state: what :func:`policy_export_state` returned before a
         restart of this plugin, decoded as builtins, or ``None``.
 
-    Return updates for existing containers (for example to re-assert
-    pinning), or ``None``. After a restart, a policy should keep every
-    running container on the CPUs it already has.
+    Stops at the first non-None result: the updates for existing containers
+    (for example to re-assert pinning; ``None``: none). After a restart, a
+    policy should keep every running container on the CPUs it already has.
     """
 
 
@@ -212,9 +229,9 @@ def nri_synchronize(
 def nri_create_container(pod: Pod, container: Container) -> CreateResult | None:
     """A container is being created: decide where it runs.
 
-    :returns: the adjustment for the new container plus updates to other
-        containers (for example a shrunk shared pool), or ``None`` to leave
-        the container as the runtime made it.
+    Stops at the first non-None result: the adjustment for the new container
+    plus updates to other containers (for example a shrunk shared pool);
+    ``None`` leaves the container as the runtime made it.
     """
 
 
@@ -226,20 +243,29 @@ def nri_update_container(
 
     :param resources: the new resources the kubelet asked for.
 
-    An update returned for this same container *replaces* the kubelet's: a
-    pinning policy must re-assert ``cpus``/``mems`` here, or the kubelet's
-    cpuset wins.
+    Stops at the first non-None result: the updates to send back (``None``:
+    none, the kubelet's resources apply). An update returned for this same
+    container *replaces* the kubelet's: a pinning policy must re-assert
+    ``cpus``/``mems`` here, or the kubelet's cpuset wins.
     """
 
 
 @hookspec(firstresult=True)
 def nri_stop_container(pod: Pod, container: Container) -> list[Update] | None:
-    """A container stopped; release its resources and return updates for others."""
+    """A container stopped; release its resources.
+
+    Stops at the first non-None result: the updates for other containers
+    (``None``: none).
+    """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def nri_update_pod_sandbox(pod: Pod, resources: Resources) -> None:
-    """A pod's resources change (NRI v0.10+ runtimes only)."""
+    """A pod's resources change (NRI v0.10+ runtimes only).
+
+    Not ``firstresult``: no result is meant (NRI's reply is empty). Returning
+    accepts; a decision hook all the same, called on the policy alone.
+    """
 
 
 # --- NRI notifications (no answer; every implementation is called) ----------
@@ -284,6 +310,26 @@ def nri_post_update_container(pod: Pod, container: Container) -> None:
 def nri_remove_container(pod: Pod, container: Container) -> None:
     """A container was removed; the host drops it from its cache after this."""
 
+
+#: Hooks whose answer the host turns into a reply or a decision: the policy's
+#: alone. Every ``firstresult`` hook, and the requests the policy accepts by
+#: returning or refuses by raising.
+DECISION_HOOKS: frozenset[str] = frozenset(
+    {
+        "policy_export_state",
+        "policy_prepare_config",
+        "policy_reconfigure",
+        "policy_topology_zones",
+        "policy_extended_resources",
+        "policy_inspect",
+        "nri_configure",
+        "nri_synchronize",
+        "nri_create_container",
+        "nri_update_container",
+        "nri_stop_container",
+        "nri_update_pod_sandbox",
+    }
+)
 
 #: Hook name -> the NRI event whose subscription it needs.
 EVENT_HOOKS: dict[str, Event] = {

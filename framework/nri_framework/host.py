@@ -5,7 +5,8 @@ calls the policy's hooks through pluggy, records what was decided and
 persists it before the reply leaves: one record appended to the decision
 journal per change, compacted into the snapshot off the reply path (see
 :mod:`nri_framework.journal`). One policy is active at a time; other
-registered plugins (observers) receive the notification hooks too.
+registered plugins (observers) receive the notification hooks too, never the
+decision hooks (:mod:`nri_framework.hookrelay`).
 
 A new configuration is parsed and checked off the event loop (the policy's
 ``policy_prepare_config`` in a worker thread, bounded by
@@ -30,6 +31,7 @@ import pluggy
 from nri_sst.retry import Reporter
 
 from nri_framework import hookspecs
+from nri_framework.hookrelay import PolicyHooks
 from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, PolicyError, hookimpl
 from nri_framework.journal import COMPACT_BYTES, Decision, Journal
 from nri_framework.model import (
@@ -202,7 +204,8 @@ class PolicyHost:
         self.pm.register(policy, name=policy_name)
         for obs in observers or ():
             self.pm.register(obs)
-        self.hook = self.pm.hook
+        #: decision hooks reach the policy alone, notifications every plugin
+        self.hook = PolicyHooks(self.pm, policy)
         self._update_sender: UpdateSender | None = None
         self._save_handle: asyncio.Handle | None = None
         self._save_reporter = Reporter(log)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
+
+from nri_framework import hookspecs
 
 
 def test_hookspecs_imports_no_part_of_the_host() -> None:
@@ -23,3 +26,25 @@ def test_hookspecs_imports_no_part_of_the_host() -> None:
     assert "nri_framework.hookspecs" in loaded
     for module in ("host", "instrumentation", "stub", "contract"):
         assert f"nri_framework.{module}" not in loaded, module
+
+
+def specs() -> dict[str, dict[str, Any]]:
+    """Hook name -> its ``@hookspec`` options."""
+    marker = f"{hookspecs.PROJECT}_spec"
+    return {
+        name: getattr(fn, marker)
+        for name, fn in vars(hookspecs).items()
+        if callable(fn) and hasattr(fn, marker)
+    }
+
+
+def test_every_firstresult_hook_is_a_decision_hook() -> None:
+    """Only the policy answers a ``firstresult`` hook: pluggy would otherwise
+    take the last registered observer's answer."""
+    all_specs = specs()
+    firstresult = {name for name, opts in all_specs.items() if opts.get("firstresult")}
+    assert firstresult <= hookspecs.DECISION_HOOKS
+    assert set(all_specs) >= hookspecs.DECISION_HOOKS
+    for name in firstresult:
+        doc = getattr(hookspecs, name).__doc__
+        assert "Stops at the first non-None result" in " ".join(doc.split()), name

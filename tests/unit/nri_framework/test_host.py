@@ -75,6 +75,29 @@ def test_mask_from_implemented_hooks() -> None:
     )
 
 
+class NoHooks:
+    """A policy that implements no hook."""
+
+
+class CreateObserver:
+    """An observer with a decision hook: it does not subscribe the plugin."""
+
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> None:
+        return None
+
+    @hookimpl
+    def nri_post_start_container(self, pod: Pod, container: Container) -> None:
+        return None
+
+
+def test_mask_has_no_decision_event_of_an_observer() -> None:
+    host = PolicyHost("t", NoHooks(), observers=[CreateObserver()])
+    mask = host.configure("", CONTAINERD_22)
+    assert not mask & Event.CREATE_CONTAINER.bit
+    assert mask & Event.POST_START_CONTAINER.bit  # a notification: every plugin's
+
+
 def test_mask_capped_by_runtime_version(caplog: pytest.LogCaptureFixture) -> None:
     host = PolicyHost("t", WantsPodUpdates())
     old = host.configure("", CONTAINERD_17)
