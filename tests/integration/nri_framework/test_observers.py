@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from nri_framework import model
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.model import (
@@ -27,7 +28,6 @@ from nri_framework.model import (
     CreateResult,
     Pod,
     Resources,
-    RuntimeInfo,
     Update,
     cpu_pin,
 )
@@ -78,7 +78,7 @@ class Refuser:
     """An observer that would refuse the runtime's Configure."""
 
     @hookimpl
-    def nri_configure(self, config: str, runtime: RuntimeInfo) -> None:
+    def nri_configure(self, config: str, runtime: model.RuntimeInfo) -> None:
         raise PolicyError("an observer must not refuse the runtime")
 
 

@@ -79,12 +79,8 @@ class NoHooks:
     """A policy that implements no hook."""
 
 
-class CreateObserver:
+class CreateObserver(OnlyCreate):
     """An observer with a decision hook: it does not subscribe the plugin."""
-
-    @hookimpl
-    def nri_create_container(self, pod: Pod, container: Container) -> None:
-        return None
 
     @hookimpl
     def nri_post_start_container(self, pod: Pod, container: Container) -> None:
