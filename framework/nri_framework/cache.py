@@ -56,13 +56,14 @@ class Cache:
             return
         cpu = resources.cpu
         if cpu.cpus or cpu.mems:
-            c.resources = with_cpuset(c.resources, cpu.cpus, cpu.mems)
+            resources = with_cpuset(c.resources, cpu.cpus, cpu.mems)
+            self.containers[container_id] = msgspec.structs.replace(c, resources=resources)
             self.dirty_containers.add(container_id)
 
     def set_state(self, container_id: str, state: ContainerState) -> None:
         c = self.containers.get(container_id)
         if c is not None:
-            c.state = state
+            self.containers[container_id] = msgspec.structs.replace(c, state=state)
             self.dirty_containers.add(container_id)
 
     @staticmethod

@@ -14,7 +14,7 @@ Rules that hold for every hook:
   the plugin). No Kubernetes or sysfs I/O belongs here.
 * Arguments are :mod:`nri_framework.model` Structs, never protobuf. The host
   owns them; a policy must not keep references to ``pod``/``container``
-  beyond the call and must not mutate them.
+  beyond the call, and cannot mutate them (the Structs are frozen).
 * An exception raised by a decision hook becomes an error status on the NRI
   request. For CreateContainer this fails the container's creation with the
   exception's text, which the runtime reports to the kubelet; raise

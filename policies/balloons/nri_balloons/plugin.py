@@ -389,7 +389,10 @@ class Balloons:
             self.policy.config.spec.scheduling_classes, bln.bdef, pod, container
         )
         if sc is not None:
-            adjustment.scheduler, adjustment.io_priority = scheduling.adjustments(sc)
+            scheduler, io_priority = scheduling.adjustments(sc)
+            adjustment = Adjustment(
+                resources=adjustment.resources, scheduler=scheduler, io_priority=io_priority
+            )
             self._warn_scheduling_support()
         return CreateResult(adjustment=adjustment, updates=updates)
 

@@ -284,3 +284,19 @@ def test_a_state_dir_that_cannot_be_written_is_logged_rarely(
     host.save_now()
     assert any("state saved to" in r.getMessage() for r in caplog.records)
     assert (blocker / "state" / "pinner.state.json").is_file()
+
+
+class Mutator:
+    """A policy that tries to change what it was given."""
+
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> None:
+        pod.name = "changed"  # type: ignore[misc]
+
+
+def test_a_policy_cannot_mutate_a_pod_it_was_given() -> None:
+    host = PolicyHost("t", Mutator())
+    pod = Pod(id="p", name="web")
+    with pytest.raises(AttributeError, match="immutable"):
+        host.create_container(pod, shared("c"))
+    assert pod.name == host.pods["p"].name == "web"
