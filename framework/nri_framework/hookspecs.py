@@ -14,14 +14,20 @@ Rules that hold for every hook:
   the plugin). No Kubernetes or sysfs I/O belongs here.
 * Arguments are :mod:`nri_framework.model` Structs, never protobuf. The host
   owns them; a policy must not keep references to ``pod``/``container``
-  beyond the call and must not mutate them.
+  beyond the call, and cannot mutate them (the Structs are frozen).
 * An exception raised by a decision hook becomes an error status on the NRI
   request. For CreateContainer this fails the container's creation with the
   exception's text, which the runtime reports to the kubelet; raise
   :class:`PolicyError` with a message an operator can act on.
+* Only the active policy decides. Other registered plugins (observers) get
+  the notification hooks; the host calls a decision hook (see
+  :data:`DECISION_HOOKS`: every ``firstresult`` hook, and the requests whose
+  answer is the policy's acceptance) on the policy's implementation alone, so
+  an observer's answer can neither replace nor refuse the policy's.
 * The subscription to runtime events is derived from which ``nri_*`` hooks
-  any registered plugin implements (see :data:`EVENT_HOOKS`), capped by what
-  the runtime's NRI version accepts.
+  the policy implements, and which notification hooks any registered plugin
+  implements (see :data:`EVENT_HOOKS`), capped by what the runtime's NRI
+  version accepts.
 """
 
 from __future__ import annotations
@@ -35,8 +41,7 @@ from nri_framework.model import Event
 if TYPE_CHECKING:
     import argparse
 
-    from nri_framework.host import PolicyHost
-    from nri_framework.instrumentation import MetricFamily
+    from nri_framework.contract import Host, MetricFamily, Peer
     from nri_framework.model import (
         Container,
         CreateResult,
@@ -45,7 +50,6 @@ if TYPE_CHECKING:
         RuntimeInfo,
         Update,
     )
-    from nri_framework.startup import Peer
     from nri_framework.zones import Zone
 
 PROJECT = "nri_resource_policy"
@@ -90,8 +94,9 @@ def policy_addoption(parser: argparse.ArgumentParser) -> None:
 @hookspec(firstresult=True)
 def policy_peer() -> Peer | None:
     """The process the policy works with but does not wait for (balloons: the
-    SST helper), as a :class:`~nri_framework.startup.Peer`; stops at the
-    first non-None result.
+    SST helper), as a :class:`~nri_framework.contract.Peer`.
+
+    Stops at the first non-None result: that peer is the one watched.
 
     Called once, after :func:`policy_start`, when ``run`` serves: the host
     looks for the peer until it is reachable (then now and again) and
@@ -100,13 +105,13 @@ def policy_peer() -> Peer | None:
 
 
 @hookspec
-def policy_start(host: PolicyHost) -> None:
+def policy_start(host: Host) -> None:
     """Called once, after registration with the host and before any NRI traffic.
 
     :param host: the host's services for this policy: command-line options
         (``host.options``), the state directory, the host root to read sysfs
         from, a logger, the pod/container cache, and
-        :meth:`~nri_framework.host.PolicyHost.update_containers` to push
+        :meth:`~nri_framework.contract.Host.update_containers` to push
         unsolicited updates to the runtime.
 
     Read the hardware topology here, not in event hooks.
@@ -116,6 +121,9 @@ def policy_start(host: PolicyHost) -> None:
 @hookspec(firstresult=True)
 def policy_export_state() -> Any:
     """Return the policy's state to persist, or ``None``.
+
+    Stops at the first non-None result: the state to persist (``None``: the
+    policy keeps none).
 
     Called after every change the host has applied, before the reply that
     announces it leaves (the host journals it: see :mod:`nri_framework.journal`),
@@ -141,8 +149,8 @@ def policy_prepare_config(config: str, source: str) -> Any:
     :param config: the configuration text.
     :param source: where it came from, for messages.
 
-    Return what :func:`policy_reconfigure` gets as ``prepared``; raise
-    :class:`PolicyError` to reject the text.
+    Stops at the first non-None result: what :func:`policy_reconfigure` gets
+    as ``prepared``. Raise :class:`PolicyError` to reject the text.
     """
 
 
@@ -157,8 +165,9 @@ def policy_reconfigure(config: str, source: str, prepared: Any) -> list[Update] 
         (``None`` when no plugin implements it: parse ``config`` here then).
 
     Raise :class:`PolicyError` to reject it: the running configuration must
-    stay in force. Return the updates of the containers that moved; the host
-    pushes them to the runtime with UpdateContainers.
+    stay in force. Stops at the first non-None result: the updates of the
+    containers that moved, which the host pushes to the runtime with
+    UpdateContainers (``None``: nothing moved).
     """
 
 
@@ -166,8 +175,9 @@ def policy_reconfigure(config: str, source: str, prepared: Any) -> list[Update] 
 def policy_topology_zones() -> list[Zone] | None:
     """The NodeResourceTopology zones describing the policy's current placement.
 
-    Called by the agent after changes (off the reply path). ``None`` when the
-    policy publishes no zones.
+    Called by the agent after changes (off the reply path). Stops at the
+    first non-None result: the zones to publish (``None``: the policy
+    publishes no zones).
     """
 
 
@@ -179,8 +189,9 @@ def policy_extended_resources() -> dict[str, int | None] | None:
     a key ending in ``/*`` claims ownership of that domain (every matching key
     not published is removed). Only names matching ``*.nri.io/*`` are touched.
 
-    Called by the agent after changes (off the reply path). ``None`` when the
-    policy has no opinion.
+    Called by the agent after changes (off the reply path). Stops at the
+    first non-None result: the desired map (``None``: the policy has no
+    opinion).
     """
 
 
@@ -190,7 +201,7 @@ def policy_collect_metrics() -> list[MetricFamily] | None:
 
     Called on the NRI event loop between requests (never during one), so it
     reads the policy's state without locks; keep it cheap (no I/O). Return
-    plain data: :class:`~nri_framework.instrumentation.MetricFamily` values,
+    plain data: :class:`~nri_framework.contract.MetricFamily` values,
     each exported as ``nri_policy_<name>_<unit>`` (the host owns
     ``prometheus_client``). Every implementation is called; ``None`` or
     ``[]`` contributes nothing. A family whose samples come and go (one per
@@ -207,7 +218,8 @@ def policy_inspect() -> dict[str, Any] | None:
     every value that is a list of dicts as a table titled by its key (columns:
     the keys of the rows, scalars first, in order of first appearance), and a
     ``containers`` dict ``{container id: {column: value}}`` as extra columns of
-    its container table. ``None`` when the policy has nothing to show.
+    its container table. Stops at the first non-None result: that dict
+    (``None``: the policy has nothing to show).
     """
 
 
@@ -219,9 +231,13 @@ def policy_shutdown() -> None:
 # --- NRI requests that expect a decision ------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def nri_configure(config: str, runtime: RuntimeInfo) -> None:
     """The runtime's Configure request.
+
+    Not ``firstresult``: no result is meant, the reply (the event
+    subscription) is the host's. Returning accepts; a decision hook all the
+    same, called on the policy alone.
 
     :param config: configuration text the runtime has for this plugin (only
         pre-launched plugins get one; ``""`` otherwise).
@@ -245,9 +261,9 @@ def nri_synchronize(
     :param saved_state: what :func:`policy_export_state` returned before a
         restart of this plugin, decoded as builtins, or ``None``.
 
-    Return updates for existing containers (for example to re-assert
-    pinning), or ``None``. After a restart, a policy should keep every
-    running container on the CPUs it already has.
+    Stops at the first non-None result: the updates for existing containers
+    (for example to re-assert pinning; ``None``: none). After a restart, a
+    policy should keep every running container on the CPUs it already has.
     """
 
 
@@ -255,9 +271,9 @@ def nri_synchronize(
 def nri_create_container(pod: Pod, container: Container) -> CreateResult | None:
     """A container is being created: decide where it runs.
 
-    :returns: the adjustment for the new container plus updates to other
-        containers (for example a shrunk shared pool), or ``None`` to leave
-        the container as the runtime made it.
+    Stops at the first non-None result: the adjustment for the new container
+    plus updates to other containers (for example a shrunk shared pool);
+    ``None`` leaves the container as the runtime made it.
     """
 
 
@@ -269,20 +285,29 @@ def nri_update_container(
 
     :param resources: the new resources the kubelet asked for.
 
-    An update returned for this same container *replaces* the kubelet's: a
-    pinning policy must re-assert ``cpus``/``mems`` here, or the kubelet's
-    cpuset wins.
+    Stops at the first non-None result: the updates to send back (``None``:
+    none, the kubelet's resources apply). An update returned for this same
+    container *replaces* the kubelet's: a pinning policy must re-assert
+    ``cpus``/``mems`` here, or the kubelet's cpuset wins.
     """
 
 
 @hookspec(firstresult=True)
 def nri_stop_container(pod: Pod, container: Container) -> list[Update] | None:
-    """A container stopped; release its resources and return updates for others."""
+    """A container stopped; release its resources.
+
+    Stops at the first non-None result: the updates for other containers
+    (``None``: none).
+    """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def nri_update_pod_sandbox(pod: Pod, resources: Resources) -> None:
-    """A pod's resources change (NRI v0.10+ runtimes only)."""
+    """A pod's resources change (NRI v0.10+ runtimes only).
+
+    Not ``firstresult``: no result is meant (NRI's reply is empty). Returning
+    accepts; a decision hook all the same, called on the policy alone.
+    """
 
 
 # --- NRI notifications (no answer; every implementation is called) ----------
@@ -327,6 +352,27 @@ def nri_post_update_container(pod: Pod, container: Container) -> None:
 def nri_remove_container(pod: Pod, container: Container) -> None:
     """A container was removed; the host drops it from its cache after this."""
 
+
+#: Hooks whose answer the host turns into a reply or a decision: the policy's
+#: alone. Every ``firstresult`` hook, and the requests the policy accepts by
+#: returning or refuses by raising.
+DECISION_HOOKS: frozenset[str] = frozenset(
+    {
+        "policy_export_state",
+        "policy_prepare_config",
+        "policy_reconfigure",
+        "policy_topology_zones",
+        "policy_extended_resources",
+        "policy_inspect",
+        "policy_peer",
+        "nri_configure",
+        "nri_synchronize",
+        "nri_create_container",
+        "nri_update_container",
+        "nri_stop_container",
+        "nri_update_pod_sandbox",
+    }
+)
 
 #: Hook name -> the NRI event whose subscription it needs.
 EVENT_HOOKS: dict[str, Event] = {

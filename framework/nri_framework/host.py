@@ -1,11 +1,13 @@
-"""The microkernel: pod/container cache, the policy's plugin manager, state.
+"""The microkernel: the policy's plugin manager and the requests it answers.
 
-The stub hands the host typed requests; the host keeps its cache current,
-calls the policy's hooks through pluggy, records what was decided and
-persists it before the reply leaves: one record appended to the decision
-journal per change, compacted into the snapshot off the reply path (see
+The stub hands the host typed requests; the host keeps its cache current
+(:mod:`nri_framework.cache`), calls the policy's hooks through pluggy,
+records what was decided and persists it before the reply leaves: one
+record appended to the decision journal per change, compacted into the
+snapshot off the reply path (:mod:`nri_framework.statefile`,
 :mod:`nri_framework.journal`). One policy is active at a time; other
-registered plugins (observers) receive the notification hooks too.
+registered plugins (observers) receive the notification hooks too, never the
+decision hooks (:mod:`nri_framework.hookrelay`).
 
 A new configuration is parsed and checked off the event loop (the policy's
 ``policy_prepare_config`` in a worker thread, bounded by
@@ -18,25 +20,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
 import pluggy
-from nri_sst.retry import Reporter
 
 from nri_framework import hookspecs
-from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, PolicyError, hookimpl
-from nri_framework.journal import COMPACT_BYTES, Decision, Journal
+from nri_framework.cache import Cache
+from nri_framework.hookrelay import PolicyHooks
+from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, PolicyError
 from nri_framework.model import (
     Container,
     ContainerState,
-    CpuResources,
     CreateResult,
     Event,
     Pod,
@@ -45,129 +44,19 @@ from nri_framework.model import (
     Update,
 )
 from nri_framework.nri.versions import valid_events
+from nri_framework.statefile import StateFile
+
+if TYPE_CHECKING:
+    from nri_framework.contract import Host
 
 log = logging.getLogger("nri_framework.host")
 
-STATE_VERSION = 1
-#: Coalescing delay of snapshots (seconds): the compaction of the journal,
-#: off the reply path (the journal record is what is on the reply path).
-SAVE_DELAY = 0.05
 #: Seconds a new configuration may take to be parsed and checked off the loop.
 PREPARE_TIMEOUT = 30.0
 #: The share of the runtime's request timeout a hook may spend blocked on its
 #: own work (:meth:`PolicyHost.reply_budget`): a quarter, the rest is margin
 #: for the host, the interpreter and a loaded machine.
 REPLY_SHARE = 0.25
-
-
-class SavedState(msgspec.Struct, kw_only=True):
-    """The snapshot: the cache as last decided, and the policy's own state;
-    ``seq`` is the last journal record it holds."""
-
-    version: int = STATE_VERSION
-    policy: str = ""
-    seq: int = 0
-    pods: dict[str, Pod] = {}
-    containers: dict[str, Container] = {}
-    policy_state: Any = None
-
-
-def with_cpuset(res: Resources | None, cpus: str, mems: str) -> Resources:
-    """``res`` with the cpuset fields that are non-empty replaced."""
-    res = res or Resources()
-    cpu = res.cpu or CpuResources()
-    cpu = msgspec.structs.replace(cpu, cpus=cpus or cpu.cpus, mems=mems or cpu.mems)
-    return msgspec.structs.replace(res, cpu=cpu)
-
-
-class Cache:
-    """Pods and containers the runtime told us about, by id, with the
-    cpusets our decisions gave them.
-
-    Registered with the plugin manager so that the subscription always
-    includes the removal events the cache needs to forget things.
-    """
-
-    def __init__(self) -> None:
-        self.pods: dict[str, Pod] = {}
-        self.containers: dict[str, Container] = {}
-        #: what changed since the last journal record (ids), or everything
-        self.dirty_pods: set[str] = set()
-        self.dirty_containers: set[str] = set()
-        self.dirty_all = False
-
-    def replace(self, pods: list[Pod], containers: list[Container]) -> None:
-        """Everything the runtime reported (Synchronize)."""
-        self.pods = {p.id: p for p in pods}
-        self.containers = {c.id: c for c in containers}
-        self.dirty_all = True
-
-    def put_pod(self, pod: Pod) -> None:
-        self.pods[pod.id] = pod
-        self.dirty_pods.add(pod.id)
-
-    def put_container(self, container: Container) -> None:
-        self.containers[container.id] = container
-        self.dirty_containers.add(container.id)
-
-    def record(self, container_id: str, resources: Resources | None) -> None:
-        """Remember the cpuset/memset a decision gave ``container_id``."""
-        c = self.containers.get(container_id)
-        if c is None or resources is None or resources.cpu is None:
-            return
-        cpu = resources.cpu
-        if cpu.cpus or cpu.mems:
-            c.resources = with_cpuset(c.resources, cpu.cpus, cpu.mems)
-            self.dirty_containers.add(container_id)
-
-    def set_state(self, container_id: str, state: ContainerState) -> None:
-        c = self.containers.get(container_id)
-        if c is not None:
-            c.state = state
-            self.dirty_containers.add(container_id)
-
-    @staticmethod
-    def _stored(c: Container) -> Container:
-        return msgspec.structs.replace(c, args=[], env=[])
-
-    def snapshot(self) -> tuple[dict[str, Pod], dict[str, Container]]:
-        """What to persist: everything but the bulky argv and environment."""
-        return dict(self.pods), {cid: self._stored(c) for cid, c in self.containers.items()}
-
-    def take_changes(self, seq: int) -> Decision:
-        """A journal record of what changed since the last one (and forget it)."""
-        if self.dirty_all:
-            pods, containers = self.snapshot()
-            d = Decision(seq=seq, reset=True, pods=dict(pods), containers=dict(containers))
-        else:
-            d = Decision(
-                seq=seq,
-                pods={pid: self.pods.get(pid) for pid in self.dirty_pods},
-                containers={
-                    cid: self._stored(c) if (c := self.containers.get(cid)) else None
-                    for cid in self.dirty_containers
-                },
-            )
-        self.clear_changes()
-        return d
-
-    def clear_changes(self) -> None:
-        self.dirty_pods.clear()
-        self.dirty_containers.clear()
-        self.dirty_all = False
-
-    @hookimpl(trylast=True)
-    def nri_remove_container(self, pod: Pod, container: Container) -> None:
-        self.containers.pop(container.id, None)
-        self.dirty_containers.add(container.id)
-
-    @hookimpl(trylast=True)
-    def nri_remove_pod_sandbox(self, pod: Pod) -> None:
-        self.pods.pop(pod.id, None)
-        self.dirty_pods.add(pod.id)
-        for cid in [cid for cid, c in self.containers.items() if c.pod_sandbox_id == pod.id]:
-            self.containers.pop(cid, None)
-            self.dirty_containers.add(cid)
 
 
 UpdateSender = Callable[[list[Update]], Awaitable[list[Update]]]
@@ -206,18 +95,13 @@ class PolicyHost:
         self.pm.register(policy, name=policy_name)
         for obs in observers or ():
             self.pm.register(obs)
-        self.hook = self.pm.hook
+        #: decision hooks reach the policy alone, notifications every plugin
+        self.hook = PolicyHooks(self.pm, policy)
         self._update_sender: UpdateSender | None = None
-        self._save_handle: asyncio.Handle | None = None
-        self._save_reporter = Reporter(log)
-        self._save_urgent = False
         self._listeners: list[Callable[[], None]] = []
-        self.journal = (
-            Journal(self.state_dir / f"{policy_name}.journal") if self.state_dir else None
-        )
-        self._seq = 0
-        self._policy_state = b""  # the last one journaled, encoded
-        self._saved = self._load_state()
+        self.statefile = StateFile(self.state_dir, policy_name)
+        self.journal = self.statefile.journal
+        self._saved = self.statefile.load()
         self.synchronized = False
         #: configurations are prepared one at a time, in this one worker thread
         self._preparer = concurrent.futures.ThreadPoolExecutor(1, "prepare-config")
@@ -481,142 +365,29 @@ class PolicyHost:
         if self.journal is not None:
             self.journal.close()
 
-    # -- persistence ---------------------------------------------------------
+    # -- persistence: the state file (snapshot and journal) ------------------
 
     @property
     def state_path(self) -> Path | None:
-        return self.state_dir / f"{self.policy_name}.state.json" if self.state_dir else None
-
-    def _load_snapshot(self) -> SavedState | None:
-        path = self.state_path
-        if path is None or not path.exists():
-            return None
-        try:
-            state = msgspec.json.decode(path.read_bytes(), type=SavedState)
-        except (OSError, msgspec.DecodeError) as exc:
-            log.error("ignoring unreadable state file %s: %s", path, exc)
-            return None
-        if state.version != STATE_VERSION or state.policy != self.policy_name:
-            log.warning(
-                "ignoring state file %s of policy %r, version %d", path, state.policy, state.version
-            )
-            return None
-        return state
-
-    def _load_state(self) -> SavedState | None:
-        """The snapshot with the journal's later records applied."""
-        state = self._load_snapshot()
-        replayed = 0
-        if self.journal is not None:
-            base = state or SavedState(policy=self.policy_name)
-            for d in self.journal.replay():
-                if d.seq <= base.seq:
-                    continue  # compacted already: the snapshot holds it
-                if d.reset:
-                    base.pods, base.containers = {}, {}
-                for pid, pod in d.pods.items():
-                    if pod is None:
-                        base.pods.pop(pid, None)
-                    else:
-                        base.pods[pid] = pod
-                for cid, ctr in d.containers.items():
-                    if ctr is None:
-                        base.containers.pop(cid, None)
-                    else:
-                        base.containers[cid] = ctr
-                policy_state = d.state()
-                if policy_state is not msgspec.UNSET:
-                    base.policy_state = policy_state
-                base.seq = d.seq
-                replayed += 1
-            if replayed:
-                state = base
-        if state is None:
-            return None
-        self._seq = state.seq
-        log.info(
-            "loaded state of %d container(s) from %s (%d journal record(s) after the snapshot)",
-            len(state.containers),
-            self.state_path,
-            replayed,
-        )
-        return state
+        return self.statefile.path
 
     def changed(self) -> None:
         """Something worth persisting changed: journal it now (before the
         reply that announces it), snapshot soon, after the reply is out."""
-        self._journal()
+        self.statefile.record(self.cache, self.hook.policy_export_state)
         for callback in self._listeners:
             try:
                 callback()
             except Exception:
                 log.exception("change listener failed")
-        if self.state_dir is None:
-            return
-        urgent = self.journal is not None and self.journal.size > COMPACT_BYTES
-        if self._save_handle is not None and not (urgent and not self._save_urgent):
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.save_now()
-            return
-        if self._save_handle is not None:
-            self._save_handle.cancel()
-        # past COMPACT_BYTES: on the next turn of the loop (still after the reply)
-        if urgent:
-            self._save_handle = loop.call_soon(self.save_now)
-        else:
-            self._save_handle = loop.call_later(SAVE_DELAY, self.save_now)
-        self._save_urgent = urgent
-
-    def _journal(self) -> None:
-        """One record: the cache entries that changed, the policy's state if
-        it did (one small ``write(2)``; see :mod:`nri_framework.journal`)."""
-        if self.journal is None:
-            return
-        self._seq += 1
-        decision = self.cache.take_changes(self._seq)
-        try:
-            policy_state = msgspec.msgpack.encode(self.hook.policy_export_state())
-        except (msgspec.EncodeError, TypeError, OverflowError) as exc:  # a policy bug
-            log.error("cannot journal the policy's state: %s", exc)
-            policy_state = self._policy_state
-        if policy_state != self._policy_state:
-            decision.policy_state = msgspec.Raw(policy_state)
-            self._policy_state = policy_state
-        self.journal.append(decision)
+        self.statefile.schedule(self.save_now)
 
     def save_now(self) -> None:
         """Write the snapshot, then empty the journal it holds."""
-        if self._save_handle is not None:
-            self._save_handle.cancel()
-        self._save_handle = None
-        path = self.state_path
-        if path is None:
-            return
-        pods, containers = self.cache.snapshot()
-        self.cache.clear_changes()
-        state = SavedState(
-            policy=self.policy_name,
-            seq=self._seq,
-            pods=pods,
-            containers=containers,
-            policy_state=self.hook.policy_export_state(),
-        )
-        tmp = path.with_suffix(".tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(msgspec.json.encode(state))
-            os.replace(tmp, path)
-        except OSError as exc:
-            # every change tries again: the line is repeated rarely (nri_sst.retry)
-            self._save_reporter.failed(f"failed to save state to {path}: {exc}")
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            return
-        self._save_reporter.cleared(f"state saved to {path} again")
-        if self.journal is not None:
-            self.journal.reset()
-            self._policy_state = b""  # each journal carries the policy's state again
+        self.statefile.save(self.cache, self.hook.policy_export_state)
+
+
+if TYPE_CHECKING:
+    # the host keeps the contract's promise to policies (mypy checks it here)
+    def _as_contract(host: PolicyHost) -> Host:
+        return host

@@ -58,7 +58,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -67,6 +67,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from nri_framework import __version__
+
+# MetricFamily's home is the contract; nri_balloons/observe.py (developer F) still
+# imports it from here
+from nri_framework.contract import MetricFamily
 from nri_framework.nri.versions import synchronizes_prelaunched
 from nri_framework.startup import journal_obstacle
 
@@ -100,27 +104,6 @@ def parse_address(text: str) -> tuple[str | None, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return (host or None), int(port_text)
-
-
-@dataclass(frozen=True)
-class MetricFamily:
-    """A policy's metric as plain data: the framework owns ``prometheus_client``.
-
-    :param name: exported as ``nri_policy_<name>_<unit>`` (``balloons`` +
-        ``cores`` -> ``nri_policy_balloons_cores``).
-    :param help: the ``# HELP`` text.
-    :param labels: label names, in exposition order.
-    :param samples: ``(label values, value)``; the values line up with ``labels``.
-    :param unit: the unit suffix (``""`` for none).
-    :param kind: ``gauge`` or ``counter``.
-    """
-
-    name: str
-    help: str
-    labels: tuple[str, ...]
-    samples: list[tuple[tuple[str, ...], float]]
-    unit: str = ""
-    kind: Literal["gauge", "counter"] = "gauge"
 
 
 @dataclass(frozen=True)

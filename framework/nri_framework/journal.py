@@ -2,7 +2,7 @@
 
 The host keeps its state in two files of the state directory:
 
-* ``<policy>.state.json``, the snapshot (:class:`~nri_framework.host.SavedState`):
+* ``<policy>.state.json``, the snapshot (:class:`~nri_framework.statefile.SavedState`):
   the whole cache and the policy's state, written off the reply path
   (coalesced, to a temporary file renamed over the old one);
 * ``<policy>.journal``, this journal: one :class:`Decision` record per change

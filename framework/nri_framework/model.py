@@ -4,6 +4,10 @@ Policies never see protobuf: :mod:`nri_framework.convert` turns NRI messages
 into these msgspec Structs at the edge and adjustments back into protobuf.
 Only what a resource policy needs is modelled; the rest of a container
 (mounts, hooks, devices, ...) stays in the runtime.
+
+The Structs are frozen: a policy cannot change the pod or container it was
+given (the host's cache holds the same values); a changed value is a new one
+(``msgspec.structs.replace``).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class Event(enum.IntEnum):
         return 1 << (self.value - 1)
 
 
-class CpuResources(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CpuResources(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """``LinuxCPU``: CFS shares/quota/period, RT budget, cpuset cpus and mems.
 
     ``None`` means "not set"; the cpuset strings use the Linux list format and
@@ -60,7 +64,7 @@ class CpuResources(msgspec.Struct, kw_only=True, omit_defaults=True):
     mems: str = ""
 
 
-class MemoryResources(msgspec.Struct, kw_only=True, omit_defaults=True):
+class MemoryResources(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     limit: int | None = None
     reservation: int | None = None
     swap: int | None = None
@@ -71,7 +75,7 @@ class MemoryResources(msgspec.Struct, kw_only=True, omit_defaults=True):
     use_hierarchy: bool | None = None
 
 
-class Resources(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Resources(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """``LinuxResources``, the part a resource policy reads or adjusts."""
 
     cpu: CpuResources | None = None
@@ -82,7 +86,7 @@ class Resources(msgspec.Struct, kw_only=True, omit_defaults=True):
     pids_limit: int | None = None
 
 
-class Pod(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Pod(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     id: str
     name: str = ""
     uid: str = ""
@@ -99,7 +103,7 @@ class Pod(msgspec.Struct, kw_only=True, omit_defaults=True):
     ips: list[str] = []
 
 
-class Container(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Container(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     id: str
     pod_sandbox_id: str = ""
     name: str = ""
@@ -118,7 +122,7 @@ class Container(msgspec.Struct, kw_only=True, omit_defaults=True):
         return self.resources.cpu.cpus if self.resources and self.resources.cpu else ""
 
 
-class Scheduler(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Scheduler(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """``LinuxScheduler`` (NRI v0.11+): names as the kernel's (``SCHED_FIFO``,
     ``SCHED_FLAG_RESET_ON_FORK``); times in microseconds."""
 
@@ -131,14 +135,14 @@ class Scheduler(msgspec.Struct, kw_only=True, omit_defaults=True):
     period: int = 0
 
 
-class IOPriority(msgspec.Struct, kw_only=True):
+class IOPriority(msgspec.Struct, kw_only=True, frozen=True):
     """``LinuxIOPriority`` (NRI v0.10+): ``IOPRIO_CLASS_BE`` etc. and a level."""
 
     io_class: str
     priority: int = 0
 
 
-class Adjustment(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Adjustment(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """What a policy changes in a container being created.
 
     ``annotations``/``env`` entries are added (env as ``KEY=VALUE``);
@@ -154,7 +158,7 @@ class Adjustment(msgspec.Struct, kw_only=True, omit_defaults=True):
     io_priority: IOPriority | None = None
 
 
-class Update(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Update(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """A change to the resources of an existing container."""
 
     container_id: str
@@ -162,12 +166,12 @@ class Update(msgspec.Struct, kw_only=True, omit_defaults=True):
     ignore_failure: bool = False
 
 
-class Eviction(msgspec.Struct, kw_only=True):
+class Eviction(msgspec.Struct, kw_only=True, frozen=True):
     container_id: str
     reason: str
 
 
-class CreateResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CreateResult(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """A policy's answer to CreateContainer."""
 
     adjustment: Adjustment | None = None
@@ -184,7 +188,7 @@ DEFAULT_REQUEST_TIMEOUT_MS = 2000
 MAX_TIMEOUT_MS = 600_000
 
 
-class RuntimeInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+class RuntimeInfo(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """Who we are talking to, from ``ConfigureRequest``.
 
     ``*_timeout_ms``: what the runtime sent (NRI 0.7+), 0 when it sent nothing;

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
+from nri_framework.contract import Peer
 from nri_framework.journal import Journal
 from nri_framework.topology import SYS_CPU, TopologyError
 
@@ -196,20 +197,6 @@ class Startup:
 
     def stop(self) -> None:
         self.stopping.set()
-
-
-@dataclass(frozen=True)
-class Peer:
-    """A process the policy works with but not waits for (the SST helper for
-    balloons), named by the hook ``policy_peer``: :class:`PeerWatch` looks
-    for it while the plugin runs."""
-
-    #: what log lines and ``/healthz`` call it: ``<name> unreachable: <obstacle>``
-    name: str
-    #: where it listens (``ipc://PATH``)
-    endpoint: str
-    #: what stands in the way of reaching it now (its socket is missing), or ``None``
-    look: Callable[[], Obstacle | None]
 
 
 class PeerWatch:

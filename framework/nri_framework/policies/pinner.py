@@ -24,8 +24,8 @@ import msgspec
 
 from nri_framework import cpuset
 from nri_framework.cmdline import typed_options
+from nri_framework.contract import Host
 from nri_framework.hookspecs import PolicyError, hookimpl
-from nri_framework.host import PolicyHost
 from nri_framework.model import (
     Adjustment,
     Container,
@@ -116,7 +116,7 @@ class Pinner:
         )
 
     @hookimpl
-    def policy_start(self, host: PolicyHost) -> None:
+    def policy_start(self, host: Host) -> None:
         online_file = Path(host.host_root) / "sys/devices/system/cpu/online"
         override = typed_options(PinnerOptions, host.options).cpus
         text = override if override else online_file.read_text()

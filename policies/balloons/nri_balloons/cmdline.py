@@ -1,6 +1,6 @@
 """The balloons policy's command line: its ``run`` flags (the hook
 ``policy_addoption``), their values as :class:`BalloonsOptions`, and the SST
-helper as the policy's :class:`~nri_framework.startup.Peer`.
+helper as the policy's :class:`~nri_framework.contract.Peer`.
 
 The chart gives both containers the helper's socket directory (emptyDir
 volume ``sst-ipc`` at ``/run/nri-sst``, ``templates/daemonset.yaml``); the
@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 import msgspec
-from nri_framework.startup import Peer
+from nri_framework.contract import Peer
 from nri_sst.retry import Obstacle
 
 HELPER_DIR_FIX = (

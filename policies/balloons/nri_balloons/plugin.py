@@ -33,7 +33,7 @@ from nri_framework.model import (
     cpu_pin,
 )
 from nri_framework.nri.versions import runtime_nri_version
-from nri_framework.startup import Peer
+from nri_framework.contract import Peer
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
@@ -404,7 +404,10 @@ class Balloons:
             self.policy.config.spec.scheduling_classes, bln.bdef, pod, container
         )
         if sc is not None:
-            adjustment.scheduler, adjustment.io_priority = scheduling.adjustments(sc)
+            scheduler, io_priority = scheduling.adjustments(sc)
+            adjustment = Adjustment(
+                resources=adjustment.resources, scheduler=scheduler, io_priority=io_priority
+            )
             self._warn_scheduling_support()
         return CreateResult(adjustment=adjustment, updates=updates)
 

@@ -75,6 +75,25 @@ def test_mask_from_implemented_hooks() -> None:
     )
 
 
+class NoHooks:
+    """A policy that implements no hook."""
+
+
+class CreateObserver(OnlyCreate):
+    """An observer with a decision hook: it does not subscribe the plugin."""
+
+    @hookimpl
+    def nri_post_start_container(self, pod: Pod, container: Container) -> None:
+        return None
+
+
+def test_mask_has_no_decision_event_of_an_observer() -> None:
+    host = PolicyHost("t", NoHooks(), observers=[CreateObserver()])
+    mask = host.configure("", CONTAINERD_22)
+    assert not mask & Event.CREATE_CONTAINER.bit
+    assert mask & Event.POST_START_CONTAINER.bit  # a notification: every plugin's
+
+
 def test_mask_capped_by_runtime_version(caplog: pytest.LogCaptureFixture) -> None:
     host = PolicyHost("t", WantsPodUpdates())
     old = host.configure("", CONTAINERD_17)
@@ -265,3 +284,19 @@ def test_a_state_dir_that_cannot_be_written_is_logged_rarely(
     host.save_now()
     assert any("state saved to" in r.getMessage() for r in caplog.records)
     assert (blocker / "state" / "pinner.state.json").is_file()
+
+
+class Mutator:
+    """A policy that tries to change what it was given."""
+
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> None:
+        pod.name = "changed"  # type: ignore[misc]
+
+
+def test_a_policy_cannot_mutate_a_pod_it_was_given() -> None:
+    host = PolicyHost("t", Mutator())
+    pod = Pod(id="p", name="web")
+    with pytest.raises(AttributeError, match="immutable"):
+        host.create_container(pod, shared("c"))
+    assert pod.name == host.pods["p"].name == "web"

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nri_framework.contract import MetricFamily
 from nri_framework.hookspecs import hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.inspect_cli import render, url_for
 from nri_framework.instrumentation import (
     AddressError,
     Instrumentation,
-    MetricFamily,
     parse_address,
 )
 from nri_framework.model import Container, CpuResources, Pod, Resources
@@ -33,7 +33,8 @@ def sysfs(tmp_path: Path, cpus: str = "0-7") -> str:
 
 
 class Observed:
-    """An observer plugin with metrics and inspect state of its own."""
+    """An observer plugin with metrics of its own, and inspect state its
+    policy shows (``policy_inspect`` is a decision hook: the policy's alone)."""
 
     def __init__(self) -> None:
         self.items: dict[str, int] = {"a": 1}
@@ -54,13 +55,25 @@ class Observed:
             )
         ]
 
-    @hookimpl
-    def policy_inspect(self) -> dict[str, Any]:
+    def inspect(self) -> dict[str, Any]:
         return {"mode": "test", "things": [{"name": k, "count": v} for k, v in self.items.items()]}
 
 
-def make_host(tmp_path: Path, *observers: object) -> PolicyHost:
-    return PolicyHost("pinner", Pinner(), host_root=sysfs(tmp_path), observers=list(observers))
+class InspectedPinner(Pinner):
+    """The pinner, showing its observer's state in ``/debug/state``."""
+
+    def __init__(self, observed: Observed) -> None:
+        super().__init__()
+        self.observed = observed
+
+    @hookimpl
+    def policy_inspect(self) -> dict[str, Any]:
+        return self.observed.inspect()
+
+
+def make_host(tmp_path: Path, *observers: Observed) -> PolicyHost:
+    policy = InspectedPinner(observers[0]) if observers else Pinner()
+    return PolicyHost("pinner", policy, host_root=sysfs(tmp_path), observers=list(observers))
 
 
 async def request(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from nri_framework import host as host_module
+from nri_framework import statefile
 from nri_framework.host import PolicyHost
 from nri_framework.journal import HEADER, Decision, frame
 from nri_framework.model import Container, CpuResources, Event, Pod, Resources
@@ -129,7 +129,7 @@ async def test_records_the_snapshot_holds_are_skipped(tmp_path: Path) -> None:
 async def test_a_large_journal_is_compacted_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(host_module, "COMPACT_BYTES", 200)
+    monkeypatch.setattr(statefile, "COMPACT_BYTES", 200)
     h = host(tmp_path)
     h.synchronize([], [])
     await asyncio.sleep(0.1)  # the snapshot of the Synchronize

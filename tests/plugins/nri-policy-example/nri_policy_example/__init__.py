@@ -11,8 +11,8 @@ from pathlib import Path
 import msgspec
 from nri_framework import cpuset
 from nri_framework.cmdline import typed_options
+from nri_framework.contract import Host
 from nri_framework.hookspecs import hookimpl
-from nri_framework.host import PolicyHost
 from nri_framework.model import Adjustment, Container, CreateResult, Pod, cpu_pin
 
 ANNOTATION = "example.nri-policy/decided-by"
@@ -38,7 +38,7 @@ class ExamplePolicy:
         )
 
     @hookimpl
-    def policy_start(self, host: PolicyHost) -> None:
+    def policy_start(self, host: Host) -> None:
         wanted = typed_options(ExampleOptions, host.options).example_cpus
         if wanted:
             self.cpus = cpuset.format(cpuset.parse(wanted))

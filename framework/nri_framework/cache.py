@@ -1,0 +1,110 @@
+"""The host's pod/container cache: what the runtime told us, by id, with the
+cpusets our decisions gave them, and what changed since the last journal
+record (:mod:`nri_framework.journal`)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from nri_framework.hookspecs import hookimpl
+from nri_framework.journal import Decision
+from nri_framework.model import Container, ContainerState, CpuResources, Pod, Resources
+
+
+def with_cpuset(res: Resources | None, cpus: str, mems: str) -> Resources:
+    """``res`` with the cpuset fields that are non-empty replaced."""
+    res = res or Resources()
+    cpu = res.cpu or CpuResources()
+    cpu = msgspec.structs.replace(cpu, cpus=cpus or cpu.cpus, mems=mems or cpu.mems)
+    return msgspec.structs.replace(res, cpu=cpu)
+
+
+class Cache:
+    """Pods and containers the runtime told us about, by id, with the
+    cpusets our decisions gave them.
+
+    Registered with the plugin manager so that the subscription always
+    includes the removal events the cache needs to forget things.
+    """
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Pod] = {}
+        self.containers: dict[str, Container] = {}
+        #: what changed since the last journal record (ids), or everything
+        self.dirty_pods: set[str] = set()
+        self.dirty_containers: set[str] = set()
+        self.dirty_all = False
+
+    def replace(self, pods: list[Pod], containers: list[Container]) -> None:
+        """Everything the runtime reported (Synchronize)."""
+        self.pods = {p.id: p for p in pods}
+        self.containers = {c.id: c for c in containers}
+        self.dirty_all = True
+
+    def put_pod(self, pod: Pod) -> None:
+        self.pods[pod.id] = pod
+        self.dirty_pods.add(pod.id)
+
+    def put_container(self, container: Container) -> None:
+        self.containers[container.id] = container
+        self.dirty_containers.add(container.id)
+
+    def record(self, container_id: str, resources: Resources | None) -> None:
+        """Remember the cpuset/memset a decision gave ``container_id``."""
+        c = self.containers.get(container_id)
+        if c is None or resources is None or resources.cpu is None:
+            return
+        cpu = resources.cpu
+        if cpu.cpus or cpu.mems:
+            resources = with_cpuset(c.resources, cpu.cpus, cpu.mems)
+            self.containers[container_id] = msgspec.structs.replace(c, resources=resources)
+            self.dirty_containers.add(container_id)
+
+    def set_state(self, container_id: str, state: ContainerState) -> None:
+        c = self.containers.get(container_id)
+        if c is not None:
+            self.containers[container_id] = msgspec.structs.replace(c, state=state)
+            self.dirty_containers.add(container_id)
+
+    @staticmethod
+    def _stored(c: Container) -> Container:
+        return msgspec.structs.replace(c, args=[], env=[])
+
+    def snapshot(self) -> tuple[dict[str, Pod], dict[str, Container]]:
+        """What to persist: everything but the bulky argv and environment."""
+        return dict(self.pods), {cid: self._stored(c) for cid, c in self.containers.items()}
+
+    def take_changes(self, seq: int) -> Decision:
+        """A journal record of what changed since the last one (and forget it)."""
+        if self.dirty_all:
+            pods, containers = self.snapshot()
+            d = Decision(seq=seq, reset=True, pods=dict(pods), containers=dict(containers))
+        else:
+            d = Decision(
+                seq=seq,
+                pods={pid: self.pods.get(pid) for pid in self.dirty_pods},
+                containers={
+                    cid: self._stored(c) if (c := self.containers.get(cid)) else None
+                    for cid in self.dirty_containers
+                },
+            )
+        self.clear_changes()
+        return d
+
+    def clear_changes(self) -> None:
+        self.dirty_pods.clear()
+        self.dirty_containers.clear()
+        self.dirty_all = False
+
+    @hookimpl(trylast=True)
+    def nri_remove_container(self, pod: Pod, container: Container) -> None:
+        self.containers.pop(container.id, None)
+        self.dirty_containers.add(container.id)
+
+    @hookimpl(trylast=True)
+    def nri_remove_pod_sandbox(self, pod: Pod) -> None:
+        self.pods.pop(pod.id, None)
+        self.dirty_pods.add(pod.id)
+        for cid in [cid for cid, c in self.containers.items() if c.pod_sandbox_id == pod.id]:
+            self.containers.pop(cid, None)
+            self.dirty_containers.add(cid)
