@@ -76,7 +76,7 @@ from nri_framework.startup import journal_obstacle
 
 if TYPE_CHECKING:
     from nri_framework.host import PolicyHost
-    from nri_framework.startup import HelperWatch, Startup
+    from nri_framework.startup import PeerWatch, Startup
     from nri_framework.stub import PluginStub
 
 log = logging.getLogger("nri_framework.instrumentation")
@@ -199,7 +199,7 @@ class Instrumentation:
         address: str,
         *,
         startup: Startup | None = None,
-        helper: HelperWatch | None = None,
+        helper: PeerWatch | None = None,
     ) -> None:
         self.host = host
         self.stub = stub
@@ -238,7 +238,7 @@ class Instrumentation:
             out.append(f"[{name[0]}]:{name[1]}" if ":" in name[0] else f"{name[0]}:{name[1]}")
         return out
 
-    def attach(self, host: PolicyHost, stub: PluginStub, helper: HelperWatch | None) -> None:
+    def attach(self, host: PolicyHost, stub: PluginStub, helper: PeerWatch | None) -> None:
         """The start-up is done: report the policy host and its NRI stub."""
         self.host, self.stub, self.helper = host, stub, helper
 

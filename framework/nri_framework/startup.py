@@ -30,7 +30,6 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -242,7 +241,3 @@ class PeerWatch:
         if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
-
-
-#: the old name: ``instrumentation.py`` (developer C's) still imports it
-HelperWatch = PeerWatch

@@ -19,6 +19,7 @@ from typing import Any
 from nri_framework import cpuset
 from nri_framework.cmdline import typed_options
 from nri_framework.configfile import ConfigFileError, read_config_file
+from nri_framework.contract import Peer
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.model import (
@@ -33,7 +34,6 @@ from nri_framework.model import (
     cpu_pin,
 )
 from nri_framework.nri.versions import runtime_nri_version
-from nri_framework.contract import Peer
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
