@@ -225,8 +225,6 @@ class PctAllocator:
         know the running containers before the runtime's Synchronize, and must
         not send their CPUs to the idle class (an HP pod off its CLOS) meanwhile"""
         self.requests_sent = 0
-        self.timeout: float | None = None
-        """per-request timeout of the current flush (None: the writer's default)"""
         self._programmed_key: object = None
         """the plan of the configuration"""
         self._answered: set[str] = set()
@@ -248,12 +246,11 @@ class PctAllocator:
     def has_helper(self) -> bool:
         return bool(self.writer.endpoint)
 
-    def _ask(self, req: m.Request, slow: bool = False) -> Steps[m.Reply]:
-        """One request; the writer's :class:`WriterUnavailable` or
-        :class:`WriteRefused` are raised here. ``slow``: it touches every punit
-        (at least :data:`DISCOVER_TIMEOUT`, within the reply budget on the
-        reply path)."""
-        timeout = self.timeout
+    def _ask(self, req: m.Request, timeout: float | None, slow: bool = False) -> Steps[m.Reply]:
+        """One request, ``timeout`` its own (None: the writer's default); the
+        writer's :class:`WriterUnavailable` or :class:`WriteRefused` are
+        raised here. ``slow``: it touches every punit (at least
+        :data:`DISCOVER_TIMEOUT`, within the reply budget on the reply path)."""
         if slow:
             timeout = DISCOVER_TIMEOUT if timeout is None else max(timeout, DISCOVER_TIMEOUT)
         reply = yield Ask(req, timeout)
@@ -316,12 +313,12 @@ class PctAllocator:
             return
         self.need_program = True
 
-    def _reset_managed(self) -> Steps[bool]:
+    def _reset_managed(self, timeout: float | None) -> Steps[bool]:
         """The configuration has no managed PCT any more: return SST to its
         reset state (what the helper also does when it stops in managed mode).
         False when the helper is away (tried again by the next flush)."""
         try:
-            reply = yield from self._ask(m.Teardown(), slow=True)
+            reply = yield from self._ask(m.Teardown(), timeout, slow=True)
         except WriterUnavailable as exc:
             self._degrade(exc)
             return False
@@ -340,10 +337,10 @@ class PctAllocator:
         )
         return True
 
-    def _discover(self) -> Steps[bool]:
+    def _discover(self, timeout: float | None) -> Steps[bool]:
         """Punits from the helper, once (the topology is snapshotted, as upstream)."""
         if self._discovery is None:
-            reply = yield from self._ask(m.Discover(), slow=True)
+            reply = yield from self._ask(m.Discover(), timeout, slow=True)
             assert isinstance(reply, m.DiscoverReply)
             self._discovery = reply
             self.supported = reply.supported
@@ -400,14 +397,14 @@ class PctAllocator:
                 for cpu in cpuset.ids(cpus):
                     self.punit_of[cpu] = idx
 
-    def _program(self) -> Steps[None]:
+    def _program(self, timeout: float | None) -> Steps[None]:
         """Discover, then program (managed) or read (assoc-only) the SoC-wide
         state, and mark every wanted CPU for re-association. What hints read
         (``hp_eligible``, ``hp_classes``, ``mode``) changes only at the end:
         decisions taken between two requests see the previous state."""
         mode = self.wanted_mode
         self._answered = set()
-        if not (yield from self._discover()):
+        if not (yield from self._discover(timeout)):
             log.warning("pct: SST not supported on this host; ignoring PCT fields in cpuClasses")
             backend = self._discovery.backend if self._discovery else "?"
             log.warning(
@@ -429,9 +426,9 @@ class PctAllocator:
             len(packages),
         )
         if mode == "managed":
-            hp_eligible = yield from self._program_managed()
+            hp_eligible = yield from self._program_managed(timeout)
         else:
-            hp_eligible = yield from self._program_assoc_only()
+            hp_eligible = yield from self._program_assoc_only(timeout)
         self.hp_eligible = hp_eligible
         self.mode = mode
         self.need_program = False
@@ -440,7 +437,7 @@ class PctAllocator:
         self.programmed_instance = answered.pop() if len(answered) == 1 else None
         self.pending |= cpuset.from_ids(self.want)
 
-    def _program_managed(self) -> Steps[set[int]]:
+    def _program_managed(self, timeout: float | None) -> Steps[set[int]]:
         """PrepareManagedMode, CLOS bounds, EnableCP. Returns the HP-eligible
         punits (every one).
 
@@ -450,7 +447,9 @@ class PctAllocator:
         explicitly: every CLOS the plan does not use gets the reset bounds,
         and every CPU is re-associated (all are pending after programming)."""
         try:
-            reply = yield from self._ask(m.PrepareManagedMode(keep_programmed=True), slow=True)
+            reply = yield from self._ask(
+                m.PrepareManagedMode(keep_programmed=True), timeout, slow=True
+            )
         except WriteRefused as exc:
             raise PctError(f"pct: failed to prepare managed mode: {exc}") from None
         assert isinstance(reply, m.PrepareManagedModeReply)
@@ -477,7 +476,8 @@ class PctAllocator:
                 if clos not in by_clos:  # as CPReset leaves it: no limit
                     try:
                         yield from self._ask(
-                            m.ConfigureClos(clos=clos, min_khz=0, max_khz=m.CLOS_NO_LIMIT_KHZ)
+                            m.ConfigureClos(clos=clos, min_khz=0, max_khz=m.CLOS_NO_LIMIT_KHZ),
+                            timeout,
                         )
                     except WriteRefused as exc:
                         raise PctError(f"pct: failed to configure CLOS {clos}: {exc}") from None
@@ -491,13 +491,14 @@ class PctAllocator:
             )
             try:
                 yield from self._ask(
-                    m.ConfigureClos(clos=clos, min_khz=plan.min_khz, max_khz=plan.max_khz)
+                    m.ConfigureClos(clos=clos, min_khz=plan.min_khz, max_khz=plan.max_khz),
+                    timeout,
                 )
             except WriteRefused as exc:
                 raise PctError(f"pct: failed to configure CLOS {clos}: {exc}") from None
             log.info("pct: programmed CLOS %d min=%d max=%d kHz", clos, plan.min_khz, plan.max_khz)
         try:
-            reply = yield from self._ask(m.EnableCP())
+            reply = yield from self._ask(m.EnableCP(), timeout)
         except WriteRefused as exc:
             raise PctError(f"pct: failed to enable SST-CP: {exc}") from None
         assert isinstance(reply, m.EnableCPReply)
@@ -521,13 +522,13 @@ class PctAllocator:
             log.info("pct: fallback CLOS for non-PCT CPUs set to %d (LP)", lp_clos)
         return set(range(len(self.punits)))
 
-    def _program_assoc_only(self) -> Steps[set[int]]:
+    def _program_assoc_only(self, timeout: float | None) -> Steps[set[int]]:
         """Read what the operator programmed; sets the HP classes, returns the
         HP-eligible punits (SST-TF enabled)."""
         best: tuple[int, int] | None = None  # (max kHz, clos)
         for clos in sorted({p.clos for p in self.plans.values()}):
             try:
-                reply = yield from self._ask(m.GetClosConfig(clos=clos))
+                reply = yield from self._ask(m.GetClosConfig(clos=clos), timeout)
             except WriteRefused as exc:
                 log.warning("pct: assoc-only: GetClosConfig(%d) failed: %s", clos, exc)
                 continue
@@ -559,7 +560,7 @@ class PctAllocator:
                     )
         hp_eligible: set[int] = set()
         try:
-            tf = yield from self._ask(m.TFStatus())
+            tf = yield from self._ask(m.TFStatus(), timeout)
         except WriteRefused as exc:
             log.warning("pct: assoc-only: cannot read SST-TF status: %s", exc)
         else:
@@ -580,7 +581,7 @@ class PctAllocator:
         # what the operator associated: the CLOS hints read it
         cpus = sorted(self.punit_of)
         try:
-            reply = yield from self._ask(m.GetAssociation(cpus=cpus))
+            reply = yield from self._ask(m.GetAssociation(cpus=cpus), timeout)
         except WriteRefused as exc:
             log.warning("pct: assoc-only: cannot read CPU associations: %s", exc)
             self.known = {}
@@ -606,14 +607,15 @@ class PctAllocator:
             )
         self.degraded = True
 
-    def probe_steps(self) -> Steps[bool]:
+    def probe_steps(self, timeout: float | None = None) -> Steps[bool]:
         """Ask the helper something cheap to notice a restart (its SST state
         may be gone then). True when SST must be programmed or CPUs associated
-        again (a flush does it)."""
+        again (a flush does it). ``timeout``: the request's (None: the
+        writer's default)."""
         if not self.mode or self.degraded or self.need_program or not self.punit_of:
             return self.need_program or self.degraded or self.teardown_pending
         try:
-            yield from self._ask(m.GetAssociation(cpus=[min(self.punit_of)]))
+            yield from self._ask(m.GetAssociation(cpus=[min(self.punit_of)]), timeout)
         except WriterUnavailable as exc:
             self._degrade(exc)
             return True
@@ -730,15 +732,10 @@ class PctAllocator:
         """Reset SST when managed mode was left, program it when needed, and
         send the associations the decisions since the last flush touched.
         False when the helper is unavailable (PCT degraded; retried later).
-        ``timeout``: per request (None: the writer's default)."""
-        self.timeout = timeout
-        try:
-            return (yield from self._flush())
-        finally:
-            self.timeout = None
-
-    def _flush(self) -> Steps[bool]:
-        if self.teardown_pending and not (yield from self._reset_managed()):
+        ``timeout``: per request (None: the writer's default), handed to every
+        request of the flush (an argument, never state: two flushes' steps
+        never see each other's)."""
+        if self.teardown_pending and not (yield from self._reset_managed(timeout)):
             return False
         if not self.wanted_mode:
             self.pending = 0
@@ -750,13 +747,13 @@ class PctAllocator:
                     if self.mode and not self.need_program:
                         log.warning("pct: SST helper reconnected; programming SST state again")
                     self.need_program = True
-                    yield from self._program()
+                    yield from self._program(timeout)
                 if not self.mode:
                     self.pending = 0
                     return True
                 if self.hold:
                     break  # programmed; the CPUs wait for the running containers
-                yield from self._associate_pending()
+                yield from self._associate_pending(timeout)
                 if not self._must_program():
                     break
                 # the answers came from a restarted helper: program it all again
@@ -775,7 +772,7 @@ class PctAllocator:
             log.info("pct: SST helper is back; SST state programmed and CPUs re-associated")
         return True
 
-    def _associate_pending(self) -> Steps[None]:
+    def _associate_pending(self, timeout: float | None) -> Steps[None]:
         """One AssociateCpus per CLOS for the cores of the pending CPUs (see
         :meth:`core_plan`). A request without an answer leaves its CPUs (and
         those not sent yet) pending: its outcome is unknown, they are sent
@@ -789,7 +786,9 @@ class PctAllocator:
                 mask = by_clos[clos]
                 text = cpuset.format(mask)
                 try:
-                    reply = yield from self._ask(m.AssociateCpus(clos=clos, cpus=cpuset.ids(mask)))
+                    reply = yield from self._ask(
+                        m.AssociateCpus(clos=clos, cpus=cpuset.ids(mask)), timeout
+                    )
                     if not isinstance(reply, m.AssociateCpusReply) or reply.clos != clos:
                         raise WriteRefused(f"unexpected reply {type(reply).__name__}")
                 except WriteRefused as exc:
