@@ -15,13 +15,12 @@ from nri_balloons import validate_cli
 from nri_balloons.config import (
     BalloonsPolicy,
     BalloonsPolicySpec,
-    ConfigError,
-    ConfigSyntaxError,
     CPUClass,
-    load_policy,
     merge_legacy_cpu_classes,
     to_builtins,
 )
+from nri_balloons.configdecode import ConfigError, ConfigSyntaxError
+from nri_balloons.configyaml import load_policy
 from nri_balloons.frequency import Frequency
 from nri_balloons.validation import Validation, validate
 from nri_framework import cpuset

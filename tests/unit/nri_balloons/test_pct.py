@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.observe import inspect
 from nri_balloons.pct import DISCOVER_TIMEOUT, Hints
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
