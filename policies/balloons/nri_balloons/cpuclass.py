@@ -16,8 +16,8 @@ The plugin never writes sysfs: a :class:`Writer` delivers the requests.
 ``--sst-helper``) only logs them at debug level. A commit is written once, as
 steps (:meth:`CpuClassHandler.commit_steps`, see :mod:`nri_balloons.sstlink`):
 :meth:`~CpuClassHandler.commit` runs them blocking (on the reply path within
-the budget of :meth:`~CpuClassHandler.exchanges`), the plugin's background
-awaiting the asyncio client.
+the :class:`~nri_balloons.sstlink.Wait` given to the call), the plugin's
+background awaiting the asyncio client.
 
 Classes are tracked per turbo domain under synthetic names ``<class>@d<N>``
 (N = package id with ``turboDomain: package``, 0 with ``system``). Within a
@@ -29,8 +29,7 @@ the others get the base frequency wherever their ``minFreq``/``maxFreq`` say
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,12 +42,14 @@ from nri_balloons.frequency import Frequency
 from nri_balloons.gofmt import list_v, quote
 from nri_balloons.pct import Hints, PctAllocator, PctError
 from nri_balloons.sstlink import (
+    DEFAULT_WAIT,
     Ask,
     Budget,
     BudgetSpent,
     HelperWriter,
     NullWriter,
     Steps,
+    Wait,
     Writer,
     WriteRefused,
     WriteRequest,
@@ -190,28 +191,7 @@ class CpuClassHandler:
         self.degraded = False
         self.uncore_available = (Path(topology.host_root) / UNCORE_DIR).is_dir()
         self.requests_sent = 0
-        self.timeout: float | None = None
-        """per request of the blocking exchanges (None: the writer's default)"""
-        self.budget: Budget | None = None
-        """the total wait of the blocking exchanges (the reply path's)"""
         self.pct = PctAllocator(topology, self.writer)
-
-    @contextmanager
-    def exchanges(
-        self, timeout: float | None = None, budget: Budget | None = None
-    ) -> Iterator[None]:
-        """Inside, every blocking exchange with the helper (configure's SST
-        programming, commits) waits ``timeout`` per request, and all of them
-        together end at ``budget``."""
-        saved = self.timeout, self.budget
-        self.timeout, self.budget = timeout, budget
-        try:
-            yield
-        finally:
-            self.timeout, self.budget = saved
-
-    def _run(self, steps: Steps[bool]) -> bool:
-        return exchange(steps, self.writer, self.budget)
 
     # -- configuration -----------------------------------------------------------
 
@@ -221,11 +201,13 @@ class CpuClassHandler:
         turbo_domain: str = "package",
         allowed: int | None = None,
         idle_class: str = "",
+        wait: Wait = DEFAULT_WAIT,
     ) -> None:
         """Install a class set (upstream ``Configure``) and the idle class of
         :meth:`forget` and :meth:`reset`. Every CPU leaves its class: the
         caller follows with :meth:`reset` and :meth:`use`. What was written
-        stays known, so unchanged settings are not written again."""
+        stays known, so unchanged settings are not written again. SST is
+        programmed now (blocking), waiting for the helper as ``wait`` says."""
         if turbo_domain not in ("", *TURBO_DOMAINS):
             raise CpuClassError(
                 f"cpuclass: cpufreq configure: cpufreq: unsupported turboDomain "
@@ -281,7 +263,7 @@ class CpuClassHandler:
             raise CpuClassError(f"cpuclass: pct configure: {exc}") from None
         # SST now, so the configuration's balloons get PCT hints (a helper that
         # does not answer leaves it to a later commit)
-        self._run(self.pct.flush_steps(self.timeout))
+        exchange(self.pct.flush_steps(wait.timeout), self.writer, wait.budget)
 
     def known(self, name: str) -> bool:
         return name in self.classes
@@ -372,12 +354,12 @@ class CpuClassHandler:
 
     # -- commit ------------------------------------------------------------------
 
-    def commit(self, timeout: float | None = None) -> bool:
-        """Write what the dirty CPUs need (blocking, within the budget of
-        :meth:`exchanges`). False when the writer is unavailable (the CPUs
-        stay dirty; a later commit re-applies every setting). ``timeout``:
-        per request (default: that of :meth:`exchanges`)."""
-        return self._run(self.commit_steps(self.timeout if timeout is None else timeout))
+    def commit(self, wait: Wait = DEFAULT_WAIT) -> bool:
+        """Write what the dirty CPUs need (blocking, waiting for the helper as
+        ``wait`` says: its per-request timeout, within its budget). False when
+        the writer is unavailable (the CPUs stay dirty; a later commit
+        re-applies every setting)."""
+        return exchange(self.commit_steps(wait.timeout), self.writer, wait.budget)
 
     def unsettled(self) -> bool:
         """Decisions wait for the helper (what a background commit applies)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from contextlib import AbstractContextManager
 from typing import Any
 
 from nri_framework import cpuset
@@ -43,7 +42,7 @@ from nri_balloons.config import ConfigError, load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.features import unimplemented
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
-from nri_balloons.sstlink import REPLY_BUDGET, Budget, Steps, T, exchange_async
+from nri_balloons.sstlink import REPLY_BUDGET, Budget, Steps, T, Wait, exchange_async
 from nri_balloons.validation import PreparedConfig, validate
 
 __version__ = "0.1.0"
@@ -103,26 +102,26 @@ class Balloons:
     # (the background applies them all when done); a new configuration first
     # stops it, so configurations never change under its feet.
 
-    def _reply_path(self, reconfigures: bool = False) -> AbstractContextManager[None]:
-        """The context of a hook's helper exchanges: the reply budget on the
-        event loop; before the loop runs (``policy_start``: nothing waits)
-        CONFIG_TIMEOUT per request. ``reconfigures``: stop the background."""
-        assert self.policy is not None
+    def _reply_path(self, reconfigures: bool = False) -> Wait:
+        """How a hook's helper exchanges wait (passed to each of its calls):
+        the reply budget on the event loop, one for the whole hook; before
+        the loop runs (``policy_start``: nothing waits) CONFIG_TIMEOUT per
+        request. ``reconfigures``: stop the background."""
         if reconfigures:
             self._stop_background()
         if _running_loop() is None:
-            return self.policy.cpu_classes.exchanges(timeout=CONFIG_TIMEOUT)
+            return Wait(timeout=CONFIG_TIMEOUT)
         # never more than the host allows of the runtime's request timeout
         budget = REPLY_BUDGET if self.host is None else self.host.reply_budget(REPLY_BUDGET)
-        return self.policy.cpu_classes.exchanges(budget=Budget(budget))
+        return Wait(budget=Budget(budget))
 
-    def commit(self) -> None:
+    def commit(self, wait: Wait) -> None:
         """Apply the CPU class decisions of the hook that just ran (one commit
-        per hook, within the hook's budget). What the helper did not take goes
-        to the background."""
+        per hook, within the hook's ``wait``). What the helper did not take
+        goes to the background."""
         if self.policy is None or self.background is not None:
             return
-        ok = self.policy.cpu_classes.commit()
+        ok = self.policy.cpu_classes.commit(wait)
         loop = _running_loop()
         if loop is None:
             return
@@ -246,13 +245,13 @@ class Balloons:
         assert self.policy is not None
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
-        with self._reply_path(reconfigures=True):
-            try:
-                self.policy.set_config(prepared)
-            except BalloonsError as exc:
-                raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
-            finally:
-                self.commit()
+        wait = self._reply_path(reconfigures=True)
+        try:
+            self.policy.set_config(prepared, wait)
+        except BalloonsError as exc:
+            raise PolicyError(f"balloons: failed to create balloons policy: {exc}") from None
+        finally:
+            self.commit(wait)
 
     def reconfigure(
         self, text: str, source: str, prepared: PreparedConfig | None = None
@@ -274,13 +273,13 @@ class Balloons:
             for c in self.host.containers.values()
             if c.state != ContainerState.STOPPED
         ]
-        with self._reply_path(reconfigures=True):
-            try:
-                self.policy.reconfigure(prepared, running)
-            except BalloonsError as exc:
-                raise PolicyError(str(exc)) from None
-            finally:
-                self.commit()
+        wait = self._reply_path(reconfigures=True)
+        try:
+            self.policy.reconfigure(prepared, running, wait)
+        except BalloonsError as exc:
+            raise PolicyError(str(exc)) from None
+        finally:
+            self.commit(wait)
         return self._updates()
 
     @hookimpl
@@ -366,34 +365,34 @@ class Balloons:
         self, pods: list[Pod], containers: list[Container], saved_state: Any
     ) -> list[Update]:
         assert self.policy is not None and self.policy.config is not None
-        with self._reply_path(reconfigures=True):
-            self.policy.cpu_classes.pct.hold = False
-            self.policy.set_config(self.policy.config)
-            alive = {c.id for c in containers}
-            restored = self.policy.restore(saved_state, alive) if saved_state else set()
-            by_id = {p.id: p for p in pods}
-            for c in containers:
-                if c.id in restored:
-                    continue
-                pod = by_id.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id)
-                try:
-                    self.policy.allocate(pod, c)
-                except BalloonsError as exc:
-                    log.warning("allocating resources for Sync produced an error: %s", exc)
-            self.commit()
+        wait = self._reply_path(reconfigures=True)
+        self.policy.cpu_classes.pct.hold = False
+        self.policy.set_config(self.policy.config, wait)
+        alive = {c.id for c in containers}
+        restored = self.policy.restore(saved_state, alive) if saved_state else set()
+        by_id = {p.id: p for p in pods}
+        for c in containers:
+            if c.id in restored:
+                continue
+            pod = by_id.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id)
+            try:
+                self.policy.allocate(pod, c)
+            except BalloonsError as exc:
+                log.warning("allocating resources for Sync produced an error: %s", exc)
+        self.commit(wait)
         self.pins = {}
         return self._updates()
 
     @hookimpl
     def nri_create_container(self, pod: Pod, container: Container) -> CreateResult | None:
         assert self.policy is not None
-        with self._reply_path():
-            try:
-                bln = self.policy.allocate(pod, container)
-            except BalloonsError as exc:
-                raise PolicyError(str(exc)) from None
-            finally:
-                self.commit()
+        wait = self._reply_path()
+        try:
+            bln = self.policy.allocate(pod, container)
+        except BalloonsError as exc:
+            raise PolicyError(str(exc)) from None
+        finally:
+            self.commit(wait)
         if bln is None:
             return None
         updates = self._updates(skip=container.id)
@@ -434,8 +433,7 @@ class Balloons:
     def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
         assert self.policy is not None
         self.policy.release(container.id)
-        with self._reply_path():
-            self.commit()
+        self.commit(self._reply_path())
         self.pins.pop(container.id, None)
         return self._updates()
 
@@ -444,8 +442,7 @@ class Balloons:
         assert self.policy is not None
         if container.id in self.policy.owner:
             self.policy.release(container.id)
-            with self._reply_path():
-                self.commit()
+            self.commit(self._reply_path())
             self.pins.pop(container.id, None)
 
     @hookimpl

@@ -40,6 +40,7 @@ from nri_balloons.devices import DeviceResolver, close_devices, far_devices
 from nri_balloons.expression import Subject, resolve_ref
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
+from nri_balloons.sstlink import DEFAULT_WAIT, Wait
 from nri_balloons.validation import PreparedConfig
 
 log = logging.getLogger("policy")
@@ -128,8 +129,9 @@ class BalloonsPolicy:
 
     # -- configuration (§3 setConfig) ------------------------------------------------
 
-    def set_config(self, prepared: PreparedConfig) -> None:
-        """Start over with ``prepared``: no balloons but the pre-created ones."""
+    def set_config(self, prepared: PreparedConfig, wait: Wait = DEFAULT_WAIT) -> None:
+        """Start over with ``prepared``: no balloons but the pre-created ones.
+        ``wait``: how the cpuClasses' SST programming waits for the helper."""
         spec = prepared.spec
         topo = self.topology
         self.config = prepared
@@ -137,7 +139,7 @@ class BalloonsPolicy:
             prepared.allowed if prepared.allowed is not None else topo.online
         ) & topo.online
         self.reserved = (prepared.reserved or 0) & self.allowed
-        self._configure_classes(spec, strict=True)
+        self._configure_classes(spec, strict=True, wait=wait)
         self.types = {t.name: t for t in prepared.balloon_types}
         self.options = {
             t.name: TypeOptions(
@@ -177,7 +179,10 @@ class BalloonsPolicy:
         self.apply_cpu_classes()
 
     def reconfigure(
-        self, prepared: PreparedConfig, running: Sequence[tuple[Pod, Container]]
+        self,
+        prepared: PreparedConfig,
+        running: Sequence[tuple[Pod, Container]],
+        wait: Wait = DEFAULT_WAIT,
     ) -> str:
         """Apply a new configuration to the running policy (upstream
         ``Reconfigure``, reference §3). ``running``: every container the runtime
@@ -201,15 +206,15 @@ class BalloonsPolicy:
                 log.info("no configuration changes")
                 return "none"
             log.info("configuration changes only on CPU classes")
-            self._swap_types(prepared)
+            self._swap_types(prepared, wait)
             return "classes"
         saved = dict(self.__dict__)
         try:
-            self.set_config(prepared)
+            self.set_config(prepared, wait)
         except BalloonsError as exc:
             self.__dict__.update(saved)
             if old is not None:  # the handler is shared: back to the running classes
-                self._configure_classes(old.spec, strict=False)
+                self._configure_classes(old.spec, strict=False, wait=wait)
                 self.apply_cpu_classes()
             raise BalloonsError(f"config update failed: {exc}") from None
         log.info("config updated successfully")
@@ -220,7 +225,7 @@ class BalloonsPolicy:
                 log.warning("allocating resources for Sync produced an error: %s", exc)
         return "placement"
 
-    def _swap_types(self, prepared: PreparedConfig) -> None:
+    def _swap_types(self, prepared: PreparedConfig, wait: Wait = DEFAULT_WAIT) -> None:
         """The new types (differing in classes only) replace the old ones in
         every balloon; CPUs and containers stay."""
         self.config = prepared
@@ -228,17 +233,21 @@ class BalloonsPolicy:
         for top in self.balloons:
             for bln in top.walk():
                 bln.bdef = self.types[bln.bdef.name]
-        self._configure_classes(prepared.spec, strict=False)
+        self._configure_classes(prepared.spec, strict=False, wait=wait)
         self.apply_cpu_classes()
 
     # -- cpuClasses (§12.1 balloons mapping) -------------------------------------------
 
-    def _configure_classes(self, spec: BalloonsPolicySpec, strict: bool) -> None:
+    def _configure_classes(
+        self, spec: BalloonsPolicySpec, strict: bool, wait: Wait = DEFAULT_WAIT
+    ) -> None:
         idle = spec.idle_cpu_class
         if not idle and any(cc.name == DEFAULT for cc in spec.cpu_classes):
             idle = DEFAULT
         try:
-            self.cpu_classes.configure(spec.cpu_classes, spec.turbo_domain, self.allowed, idle)
+            self.cpu_classes.configure(
+                spec.cpu_classes, spec.turbo_domain, self.allowed, idle, wait
+            )
         except CpuClassError as exc:
             if strict:
                 raise BalloonsError(f"failed to configure CPU class handler: {exc}") from None

@@ -9,7 +9,8 @@ that point. Two drivers run steps:
 * :func:`exchange`, blocking, for the plugin's reply path (a hook on the
   event loop). With a :class:`Budget` every wait of the hook together ends at
   the budget's deadline (100 ms): the helper can never hold an NRI reply
-  longer. When the budget is spent, :class:`BudgetSpent` is thrown in and
+  longer. A blocking call is given its :class:`Wait` (per-request timeout
+  and budget) as an argument. When the budget is spent, :class:`BudgetSpent` is thrown in and
   the rest is left to the background.
 * :func:`exchange_async`, for the plugin's background work (re-programming
   SST after a restarted helper, retries while it is away, the periodic
@@ -178,6 +179,21 @@ class Budget:
                 f"the reply path's {self.seconds * 1000:.0f} ms for the SST helper are spent"
             )
         return left if wanted is None else min(wanted, left)
+
+
+class Wait(NamedTuple):
+    """How long one blocking call may wait for the helper, given to the call
+    (never set on an object around it): ``timeout`` per request (None: the
+    writer's default), ``budget`` every request of the call together (None:
+    no total; on the reply path the hook's :class:`Budget`, shared by every
+    call the hook makes)."""
+
+    timeout: float | None = None
+    budget: Budget | None = None
+
+
+DEFAULT_WAIT = Wait()
+"""The writer's default timeout per request, no total."""
 
 
 def exchange(steps: Steps[T], writer: Writer, budget: Budget | None = None) -> T:

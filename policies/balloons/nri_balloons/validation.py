@@ -27,18 +27,23 @@ Deliberate differences (the issue's bug fixes):
 * ``irqMode`` is checked against ``""``, ``sink``, ``isolate`` (the CRD lost
   its enum) and resource names in ``availableResources``/``reservedResources``
   against ``cpu``, ``memory``.
+
+Stage 1 (the CRD's schema and its enumerations) is :mod:`nri_balloons.crdschema`;
+the checks of composite balloons' components are :mod:`nri_balloons.composition`;
+this module runs every stage, holds stages 2 and 3 (balloon types, the built-in
+types, cpuClasses) and builds the :class:`PreparedConfig` the policy applies.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
 from nri_framework import cpuset
 from nri_framework.quantity import QuantityError, milli_value
 
+from nri_balloons.composition import composite_type_errors, composition_errors
 from nri_balloons.config import (
     DEFAULT,
     KUBE_SYSTEM,
@@ -52,44 +57,57 @@ from nri_balloons.config import (
     cpuset_error,
     merge_legacy_cpu_classes,
 )
+from nri_balloons.crdschema import (
+    ALLOCATOR_PRIORITIES,
+    COMPONENT_CREATIONS,
+    CORE_TYPES,
+    IO_CLASSES,
+    IRQ_MODES,
+    LOAD_LEVELS,
+    LOG_EXPORTERS,
+    MEMORY_TYPES,
+    METRICS_EXPORTERS,
+    PCT_PRIORITIES,
+    RESOURCE_DOMAINS,
+    SCHED_FLAGS,
+    SCHED_POLICIES,
+    TOPOLOGY_LEVELS,
+    TRACING_COLLECTORS,
+    TURBO_DOMAINS,
+    schema_errors,
+)
 from nri_balloons.expression import ExpressionError
 from nri_balloons.globmatch import BAD_PATTERN, GlobError, check_pattern, go_match
 from nri_balloons.gofmt import list_v, map_v, quote, quote_list
+
+__all__ = [
+    # the enumerations live in nri_balloons.crdschema; scripts/gencrd.py and
+    # tests/chart/test_chart_crds.py still read them here (v.ALLOCATOR_PRIORITIES ...)
+    "ALLOCATOR_PRIORITIES",
+    "COMPONENT_CREATIONS",
+    "CORE_TYPES",
+    "IO_CLASSES",
+    "IRQ_MODES",
+    "LOAD_LEVELS",
+    "LOG_EXPORTERS",
+    "MEMORY_TYPES",
+    "METRICS_EXPORTERS",
+    "PCT_PRIORITIES",
+    "RESOURCE_DOMAINS",
+    "SCHED_FLAGS",
+    "SCHED_POLICIES",
+    "TOPOLOGY_LEVELS",
+    "TRACING_COLLECTORS",
+    "TURBO_DOMAINS",
+    "PreparedConfig",
+    "Validation",
+    "validate",
+]
 
 POLICY = "balloons: "
 INVALID = POLICY + "invalid configuration: "
 VIRT_DEV_RESERVED_CPUS = "reserved CPUs"
 PODRES_PREFIX = "podresourceapi:"
-#: Levels of composite balloons in composite balloons (ours: the policy builds
-#: them recursively, and a chain of thousands of types must not reach it).
-MAX_COMPOSITION_DEPTH = 32
-
-ALLOCATOR_PRIORITIES = ("high", "normal", "low", "none")
-TOPOLOGY_LEVELS = ("", "system", "package", "die", "numa", "l2cache", "core", "thread")
-LOAD_LEVELS = ("l2cache", "core")
-CORE_TYPES = ("", "efficient", "performance")
-IRQ_MODES = ("", "sink", "isolate")
-TURBO_DOMAINS = ("package", "system")
-COMPONENT_CREATIONS = ("", "all", "balance-balloons")
-MEMORY_TYPES = ("DRAM", "PMEM", "HBM")
-RESOURCE_DOMAINS = ("cpu", "memory")
-SCHED_POLICIES = ("", "none", "other", "fifo", "rr", "batch", "iso", "idle", "deadline")
-SCHED_FLAGS = (
-    "reset-on-fork",
-    "reclaim",
-    "dl-overrun",
-    "keep-policy",
-    "keep-params",
-    "util-clamp-min",
-    "util-clamp-max",
-)
-IO_CLASSES = ("", "none", "rt", "be", "idle")
-TRACING_COLLECTORS = ("", "otlp-http", "otlp-grpc")
-METRICS_EXPORTERS = ("", "prometheus", "otlp-http", "otlp-grpc")
-LOG_EXPORTERS = ("", "otlp-http", "otlp-grpc")
-PCT_PRIORITIES = ("", "high", "low")
-
-_DURATION = re.compile(r"^[-+]?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$")
 
 
 @dataclass(frozen=True)
@@ -133,10 +151,6 @@ def _go_bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def _supported(values: Sequence[str]) -> str:
-    return ", ".join(quote(v) for v in values if v)
-
-
 class _Validator:
     def __init__(
         self,
@@ -152,58 +166,8 @@ class _Validator:
 
     # -- 1. CRD schema ---------------------------------------------------------------
 
-    def enum(self, path: str, value: str, allowed: Sequence[str]) -> None:
-        if value not in allowed:
-            self.errors.append(
-                f"{path}: Unsupported value: {quote(value)}:"
-                f" supported values: {_supported(allowed)}"
-            )
-
-    def minimum(self, path: str, value: int | None) -> None:
-        if value is not None and value < 0:
-            self.errors.append(
-                f"{path}: Invalid value: {value}:"
-                f" {path} in body should be greater than or equal to 0"
-            )
-
-    def duration(self, path: str, value: str) -> None:
-        if value and not _DURATION.match(value):
-            self.errors.append(
-                f"{path}: Invalid value: {quote(value)}: {path} in body must be of type duration:"
-                f" {quote(value)}"
-            )
-
     def schema(self) -> None:
-        s = self.spec
-        for name in ("availableResources", "reservedResources"):
-            resources = s.available_resources if name[0] == "a" else s.reserved_resources
-            for key in resources:
-                self.enum(f"spec.{name}", key, RESOURCE_DOMAINS)
-        self.enum("spec.turboDomain", s.turbo_domain, TURBO_DOMAINS)
-        for i, bt in enumerate(s.balloon_types):
-            at = f"spec.balloonTypes[{i}]"
-            self.enum(f"{at}.allocatorPriority", bt.allocator_priority, ALLOCATOR_PRIORITIES)
-            self.enum(f"{at}.shareIdleCPUsInSame", bt.share_idle_cpus_in_same, TOPOLOGY_LEVELS)
-            self.enum(f"{at}.preferCoreType", bt.prefer_core_type, CORE_TYPES)
-            self.enum(f"{at}.irqMode", bt.irq_mode, IRQ_MODES)
-        for i, sc in enumerate(s.scheduling_classes):
-            at = f"spec.schedulingClasses[{i}]"
-            self.enum(f"{at}.policy", sc.policy, SCHED_POLICIES)
-            for j, flag in enumerate(sc.flags):
-                self.enum(f"{at}.flags[{j}]", flag, SCHED_FLAGS)
-            self.enum(f"{at}.ioClass", sc.io_class, IO_CLASSES)
-            for what in ("runtime", "deadline", "period"):
-                self.minimum(f"{at}.{what}", getattr(sc, what))
-        for i, cc in enumerate(s.cpu_classes):
-            at = f"spec.cpuClasses[{i}]"
-            self.minimum(f"{at}.energyPerformancePreference", cc.energy_performance_preference)
-            self.minimum(f"{at}.turboPriority", cc.turbo_priority)
-        ins, at = s.instrumentation, "spec.instrumentation"
-        self.enum(f"{at}.tracingCollector", ins.tracing_collector, TRACING_COLLECTORS)
-        self.enum(f"{at}.metricsExporter", ins.metrics_exporter, METRICS_EXPORTERS)
-        self.enum(f"{at}.logExporter", ins.log_exporter, LOG_EXPORTERS)
-        self.duration(f"{at}.reportPeriod", ins.report_period)
-        self.duration(f"{at}.logExportPeriod", ins.log_export_period)
+        self.errors.extend(schema_errors(self.spec))
 
     # -- 2. BalloonsPolicy.Validate() ---------------------------------------------------
 
@@ -414,24 +378,8 @@ class _Validator:
             )
 
     def composite(self, bt: BalloonType) -> None:
-        if bt.cpu_class:
-            self.bln(f"composite balloon {quote(bt.name)} cannot have CpuClasses")
-        forbidden = [
-            option
-            for option, used in (
-                ("PreferSpreadOnPhysicalCores", bt.prefer_spread_on_physical_cores is not None),
-                ("AllocatorTopologyBalancing", bt.allocator_topology_balancing is not None),
-                ("PreferCloseToDevices", bool(bt.prefer_close_to_devices)),
-                ("PreferIsolCpus", bt.prefer_isol_cpus),
-                ("PreferCoreType", bool(bt.prefer_core_type)),
-            )
-            if used
-        ]
-        if forbidden:
-            self.bln(
-                "CPU allocation options not allowed in composite balloons, but"
-                f" {quote(bt.name)} has: {', '.join(forbidden)}"
-            )
+        for text in composite_type_errors(bt):
+            self.bln(text)
 
     def validate_config(self, types: list[BalloonType]) -> None:
         user_reserved = next(
@@ -478,80 +426,8 @@ class _Validator:
                     f"cpuClass {quote(bt.cpu_class)} referenced by balloon type {quote(bt.name)}"
                     " is not defined in cpuClasses"
                 )
-        self.compositions(composites, seen)
-
-    def compositions(self, composites: dict[str, BalloonType], defined: set[str]) -> None:
-        def parts(name: str) -> list[str]:
-            comp_def = composites.get(name)
-            return [c.balloon_type for c in comp_def.components] if comp_def else []
-
-        clean: set[str] = set()  # explored without finding a loop: never leads to one
-
-        def circular(start: str) -> str | None:
-            """The first type met twice on a path from ``start`` (upstream's
-            depth-first order); iterative and linear: a chain of thousands of
-            types does not recurse, shared components are explored once."""
-            if start in clean:
-                return None
-            on_path = {start}
-            stack = [(start, iter(parts(start)))]
-            while stack:
-                name, todo = stack[-1]
-                part = next(todo, None)
-                if part is None:
-                    stack.pop()
-                    on_path.discard(name)
-                    clean.add(name)
-                elif part in on_path:
-                    return part
-                elif part not in clean:
-                    on_path.add(part)
-                    stack.append((part, iter(parts(part))))
-            return None
-
-        reported: set[str] = set()
-        for name, bt in composites.items():
-            for i, comp in enumerate(bt.components):
-                if not comp.balloon_type:
-                    self.bln(
-                        "missing or empty component balloonType name in composite balloon"
-                        f" {quote(name)} component {i + 1}"
-                    )
-                elif comp.balloon_type not in defined:
-                    self.bln(
-                        f"balloon type {quote(comp.balloon_type)} in composite balloon"
-                        f" {quote(name)} is not defined in balloonTypes"
-                    )
-            loop = circular(name)
-            if loop is not None and loop not in reported:
-                reported.add(loop)
-                self.bln(f"circular composition detected in composite balloon {quote(loop)}")
-        if not reported:
-            self.composition_depth(composites, parts)
-
-    def composition_depth(
-        self, composites: dict[str, BalloonType], parts: Callable[[str], list[str]]
-    ) -> None:
-        """Composites of composites at most MAX_COMPOSITION_DEPTH levels deep
-        (the policy builds them recursively); the graph has no loops here."""
-        depth: dict[str, int] = {}
-        for start in composites:
-            stack = [(start, False)]
-            while stack:
-                name, done = stack.pop()
-                if name in depth:
-                    continue
-                if done:
-                    depth[name] = 1 + max((depth[p] for p in parts(name)), default=0)
-                    continue
-                stack.append((name, True))
-                stack.extend((p, False) for p in parts(name) if p not in depth)
-            if depth[start] > MAX_COMPOSITION_DEPTH:
-                self.bln(
-                    f"composite balloon {quote(start)} nests components deeper than"
-                    f" {MAX_COMPOSITION_DEPTH} levels"
-                )
-                return
+        for text in composition_errors(composites, seen):
+            self.bln(text)
 
     # -- cpuClasses (policy.ValidateCPUClasses) -----------------------------------------
 

@@ -10,7 +10,7 @@ same host root and configuration (the simulator has no NRT agent).
 from __future__ import annotations
 
 from balloons_e2e import node
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate
 from nri_framework.topology import Topology

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from balloons_e2e import Node, disjoint, node
 from nri_balloons.balloon import Member
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate
 from nri_framework.topology import Topology

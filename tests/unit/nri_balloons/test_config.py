@@ -15,13 +15,12 @@ from nri_balloons import validate_cli
 from nri_balloons.config import (
     BalloonsPolicy,
     BalloonsPolicySpec,
-    ConfigError,
-    ConfigSyntaxError,
     CPUClass,
-    load_policy,
     merge_legacy_cpu_classes,
     to_builtins,
 )
+from nri_balloons.configdecode import ConfigError, ConfigSyntaxError
+from nri_balloons.configyaml import load_policy
 from nri_balloons.frequency import Frequency
 from nri_balloons.validation import Validation, validate
 from nri_framework import cpuset
@@ -724,3 +723,34 @@ def test_cli_multiple_documents(tmp_path: Path) -> None:
         f'{f} (document 3): invalid BalloonsPolicy "n2": 1 error, 0 warnings',
         f"{f}: skipped 1 document of other kinds",
     ]
+
+
+# --- module homes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "module", ["nri_balloons.configdecode", "nri_balloons.configyaml", "nri_balloons.config"]
+)
+def test_each_config_module_imports_first(module: str) -> None:
+    """config, configdecode and configyaml import each other (the old names
+    stay importable from config): each can be the first one a process imports."""
+    import subprocess
+    import sys
+
+    code = f"import {module}; from nri_balloons.config import ConfigError, load_policy"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_old_config_names_are_the_new_ones() -> None:
+    """The names that moved out of config are the same objects there, and a
+    name config never had is still an AttributeError."""
+    from nri_balloons import config, configdecode, configyaml
+
+    assert config.ConfigError is configdecode.ConfigError
+    assert config.ConfigSyntaxError is configdecode.ConfigSyntaxError
+    assert config.decode_policy is configdecode.decode_policy
+    assert config.load_policy is configyaml.load_policy
+    assert config.parse_yaml is configyaml.parse_yaml
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        config.nope  # noqa: B018

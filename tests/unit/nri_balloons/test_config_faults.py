@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from nri_balloons import validate_cli
-from nri_balloons.config import ConfigError, ConfigSyntaxError, load_policy, parse_yaml
+from nri_balloons.configdecode import ConfigError, ConfigSyntaxError
+from nri_balloons.configyaml import load_policy, parse_yaml
 from nri_balloons.frequency import Frequency, FrequencyError
 from nri_balloons.plugin import first_few
 from nri_balloons.validation import validate

@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from nri_balloons.config import CPUClass, load_policy
+from nri_balloons.config import CPUClass
+from nri_balloons.configyaml import load_policy
 from nri_balloons.cpuclass import (
     ClassDef,
     CpuClassError,

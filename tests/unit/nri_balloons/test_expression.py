@@ -7,7 +7,7 @@ import fnmatch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.containers import QOSClass, qos_class
 from nri_balloons.expression import (
     Expression,

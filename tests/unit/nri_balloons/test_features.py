@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.features import unimplemented
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from nri_balloons.config import ConfigError, load_policy
+from nri_balloons.configdecode import ConfigError
+from nri_balloons.configyaml import load_policy
 from nri_balloons.frequency import Frequency, FrequencyError
 
 MAX_UINT64 = (1 << 64) - 1

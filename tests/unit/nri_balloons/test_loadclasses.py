@@ -8,7 +8,7 @@ import functools
 import tempfile
 from pathlib import Path
 
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate
 from nri_framework import cpuset

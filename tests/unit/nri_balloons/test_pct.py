@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.observe import inspect
-from nri_balloons.pct import Hints
+from nri_balloons.pct import DISCOVER_TIMEOUT, Hints
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
-from nri_balloons.sstlink import Budget, WriteRefused, WriterUnavailable, exchange
+from nri_balloons.sstlink import Budget, Wait, WriteRefused, WriterUnavailable, exchange
 from nri_balloons.validation import validate
 from nri_framework import cpuset
 from nri_framework.model import Container, CpuResources, Pod, Resources
@@ -671,10 +671,10 @@ def test_reply_path_waits_at_most_its_budget() -> None:
     helper.latency = 0.06
     handler = policy.cpu_classes
     start = helper.clock.now
-    with handler.exchanges(budget=Budget(0.1, helper.clock)):
-        bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
-        assert bln is not None
-        assert not handler.commit()  # AssociateCpus and SetCstates: 120 ms
+    wait = Wait(budget=Budget(0.1, helper.clock))
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None
+    assert not handler.commit(wait)  # AssociateCpus and SetCstates: 120 ms
     assert helper.clock.now - start <= 0.1 + 1e-9  # not 120 ms
     assert handler.unsettled()
     helper.latency = 0.0
@@ -1129,3 +1129,76 @@ def test_clos_hints_on_shared_cores(root16: Path) -> None:
     lp_hints = policy.cpu_classes.hints("pct-lp", 1, free, 0)
     assert lp_sib & dict(lp_hints.prefer)["sst-clos-3"][0]
     assert not hp_sib & dict(lp_hints.prefer)["sst-clos-3"][0]
+
+
+# --- the wait of a blocking call is its argument -------------------------------------------
+
+
+class TimedHelper(InProcessHelper):
+    """The in-process helper, recording the timeout each request was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[tuple[type[m.Request], float | None]] = []
+
+    def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        self.timeouts.append((type(req), timeout))
+        return super().request(req, timeout)
+
+
+def prepared_spec(topo: Topology):  # type: ignore[no-untyped-def]
+    result = validate(load_policy(SPEC.read_text()), online_cpus=topo.online)
+    assert result.prepared is not None, result.errors
+    return result.prepared
+
+
+def test_the_wait_given_to_a_call_is_the_one_its_requests_get() -> None:
+    """``Wait`` is an argument of each blocking call (configure's SST
+    programming, a commit), never state left on the handler: the requests of
+    a call get its per-request timeout (SoC-wide ones at least
+    DISCOVER_TIMEOUT), a later call without one the writer's default, and a
+    call's budget caps each of its requests at what is left of it."""
+    helper = TimedHelper()
+    topo = Topology.from_sysfs(str(helper.root))
+    policy = BalloonsPolicy(topo, str(helper.root), writer=helper)
+    policy.set_config(prepared_spec(topo), Wait(timeout=0.25))
+    given = dict(helper.timeouts)
+    assert given[m.Discover] == given[m.PrepareManagedMode] == DISCOVER_TIMEOUT
+    assert given[m.ConfigureClos] == given[m.EnableCP] == 0.25
+    helper.timeouts.clear()
+    assert policy.cpu_classes.commit()  # no wait given: the writer's default
+    assert helper.timeouts and {t for _, t in helper.timeouts} == {None}
+
+    helper.timeouts.clear()
+    helper.latency = 0.03
+    policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
+    assert policy.cpu_classes.commit(Wait(timeout=0.5, budget=Budget(0.1, helper.clock)))
+    timeouts = [t for _, t in helper.timeouts]
+    assert len(timeouts) >= 3
+    left = 0.1
+    for t in timeouts:  # each capped at what the call's budget has left
+        assert t == pytest.approx(min(0.5, left))
+        left -= 0.03
+
+
+def test_two_flushes_keep_their_own_timeouts() -> None:
+    """Sans-IO, no helper loop: the steps of one flush keep the timeout they
+    were given while another flush runs and ends between two of their
+    requests (a timeout set on the allocator for the time of a flush and
+    restored after would change the first flush's later requests)."""
+    policy, helper = make()
+    pct = policy.cpu_classes.pct
+    policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
+    first = pct.flush_steps(0.5)
+    ask = next(first)
+    assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
+    reply = helper.request(ask.request, ask.timeout)
+    policy.allocate(*pod("pct-hp-2", 2, "hp-bln"))
+    assert exchange(pct.flush_steps(None), helper) is True  # another flush, start to end
+    ask = first.send(reply)
+    assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
+    with pytest.raises(StopIteration) as done:
+        first.send(helper.request(ask.request, ask.timeout))
+    assert done.value.value is True

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate
 from nri_framework import cpuset
