@@ -789,6 +789,53 @@ async def test_a_settled_background_has_the_agent_publish_again() -> None:
         plugin.policy_shutdown()
 
 
+async def test_a_hook_does_not_commit_while_the_background_runs() -> None:
+    """The background awaits the helper (its request held at the in-process
+    helper's gate); a CreateContainer meanwhile answers with its pinning and
+    only records its CPU class decisions: the hook sends the helper nothing
+    (two writers would interleave their requests), and the background applies
+    the decision once the helper answers."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    handler.pct.hold = False
+    try:
+        helper.down = True
+        plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
+        assert plugin.background is not None
+        helper.down = False
+        helper.gate = asyncio.Event()
+        for _ in range(150):  # its retry (after 0.5 s) waits at the gate
+            if plugin._steps is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin._steps is not None
+        sent = len(helper.sent)
+        result = plugin.nri_create_container(*pod("pct-hp-1", 2, "hp-bln"))
+        assert result is not None and result.adjustment is not None
+        assert result.adjustment.resources is not None
+        assert result.adjustment.resources.cpu is not None
+        cpus = cpuset.parse(result.adjustment.resources.cpu.cpus)
+        assert cpuset.ids(cpus) and len(helper.sent) == sent  # recorded only
+        assert handler.unsettled()
+        helper.gate.set()
+        for _ in range(150):
+            if plugin.background is None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin.background is None and not handler.unsettled()
+        assert set(helper.clos(cpus).values()) == {0}
+        assert all(disabled_cstates(c) == {"C6", "C6P"} for c in cpuset.ids(cpus))
+    finally:
+        plugin.policy_shutdown()
+
+
 # -- CLOS is per core (issue #10) --------------------------------------------------------
 #
 # SST associates whole cores: a thread cannot be on another CLOS than its sibling.
