@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from faults import FaultNode
+from balloons_e2e import until
 from nri_balloons.sstlink import REPLY_BUDGET
 from nri_framework import cpuset
 from nri_framework.simulate.runtime import SimulatedRuntime
@@ -154,7 +154,7 @@ async def test_restarted_helper_with_programmed_sst_is_not_reset() -> None:
             f"pct: associated cpus {cpuset.format(cpuset.from_ids(lp))} to CLOS 3", 10
         )
         others = sorted(set(ALL) - cores(hp))
-        await FaultNode.until(
+        await until(
             lambda: set(saved_clos(n, others).values()) == {3},
             "the sim's state file to hold the LP association",
             10,
