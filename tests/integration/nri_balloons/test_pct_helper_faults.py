@@ -171,7 +171,7 @@ async def test_restarted_helper_with_programmed_sst_is_not_reset() -> None:
                 "pct: SST helper reconnected; programming SST state again", 15
             )
             await n.plugin.wait_output("pct: fallback CLOS for non-PCT CPUs set to 3 (LP)", 10, 2)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the watcher samples on after the programming
         finally:
             watcher.cancel()
         assert helper_lines(n, "sst: PrepareManagedMode: SST already in managed state; kept as is")
