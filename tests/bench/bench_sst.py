@@ -49,7 +49,7 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float:
 def measure_flood(sock: Path, seconds: float) -> list[float]:
     """The blocking client's GetClosConfig round trips during a bounded flood."""
     with hostile.flood(sock, hostile.FLOOD, seconds) as f:
-        time.sleep(0.3)  # the attackers are connected
+        hostile.connections(f, hostile.CONNECTED)
         return hostile.latencies(f"ipc://{sock}", until=lambda: f.poll() is not None)
 
 

@@ -12,12 +12,13 @@ balloon ...`` log line), ``delete`` (kubectl delete pod).
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,9 +160,14 @@ class Node:
         as an operator would; returns once the plugin answered (applied or not)."""
         done = sum("config update from" in line for line in self.plugin.tail)
         self.config.write_text((self.data / config).read_text())
-        self.plugin.proc.send_signal(signal.SIGHUP)
-        await self.plugin.wait_output("config update from", timeout=10, count=done + 1)
-        await asyncio.sleep(0.1)  # the unsolicited UpdateContainers round trip
+        with RuntimeLog(logging.INFO, "updated container", "update of unknown container") as rt:
+            self.plugin.proc.send_signal(signal.SIGHUP)
+            await self.plugin.wait_output("config update from", timeout=10, count=done + 1)
+            last = [x for x in self.plugin.tail if "config update from" in x][-1]
+            sent = _UPDATES.search(last)
+            # the unsolicited UpdateContainers round trip: the runtime has them all
+            n = int(sent.group(1)) if sent else 0
+            await until(lambda: len(rt.lines) >= n, f"the runtime to apply {n} update(s)", 10)
 
     async def assigned(self, name: str, count: int = 1) -> str:
         """Wait for the ``count``-th assignment log line of ``name``; the balloon."""
@@ -169,6 +175,46 @@ class Node:
             f"assigning container {self.namespaces[name]} to balloon", timeout=5, count=count
         )
         return self.balloon(name)
+
+
+_UPDATES = re.compile(r"applied, (\d+) container\(s\) to update")
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float) -> None:
+    """Until ``check()``, polled on the event loop; at most ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class RuntimeLog(logging.Handler):
+    """The runtime simulator's log lines of ``level`` and up (those containing
+    one of ``texts``, when given), kept while in a ``with`` block."""
+
+    def __init__(self, level: int, *texts: str) -> None:
+        super().__init__(level)
+        self.texts = texts
+        self.lines: list[str] = []
+        self._logger = logging.getLogger("nri_framework.simulate")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        if not self.texts or any(t in line for t in self.texts):
+            self.lines.append(line)
+
+    def __enter__(self) -> RuntimeLog:
+        self._level = self._logger.level
+        if not self._logger.isEnabledFor(self.level):
+            self._logger.setLevel(self.level)
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
 
 
 def _ids(text: str) -> set[int]:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from balloons_e2e import RuntimeLog, until
 from google.protobuf.message import Message
 from nri_framework import cpuset
 from nri_framework.simulate.peer import PluginPeer
@@ -91,24 +92,12 @@ class KillPointRuntime(SimulatedRuntime):
         return reply
 
 
-class RuntimeErrors(logging.Handler):
+class RuntimeErrors(RuntimeLog):
     """The runtime simulator's error lines (why it closed a plugin), kept
     while in a ``with`` block."""
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
-        self.lines: list[str] = []
-        self._logger = logging.getLogger("nri_framework.simulate")
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def __enter__(self) -> RuntimeErrors:
-        self._logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._logger.removeHandler(self)
 
 
 @dataclass
@@ -415,14 +404,7 @@ class FaultNode:
         tail = list(self.plugin.tail)
         return [x for x in names if any(ASSIGNING.format(pretty(x)) in line for line in tail)]
 
-    @staticmethod
-    async def until(check: Callable[[], bool], what: str, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not check():
-            if loop.time() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            await asyncio.sleep(0.01)
+    until = staticmethod(until)
 
 
 # ------------------------------------------------------------------ the churn

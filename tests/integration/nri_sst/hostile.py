@@ -13,13 +13,16 @@ in the test process shares no interpreter lock with the attackers; the bench
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import select
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +62,11 @@ def request(payload: bytes, rid: bytes = b"hostile!") -> bytes:
 
 HELLO = request(m.encode(m.Hello(protocol=1)))
 DISCOVER = request(m.encode(m.Discover()))
+CONNECTIONS: Counter[str] = Counter()
+"""Connections made, by the name of the thread that made them (in a flood:
+the attack's kind)."""
+CONNECTED = "flood: every attacker connected; connections "
+ENDED = "flood: ended; connections "
 
 
 class RawPeer:
@@ -74,6 +82,7 @@ class RawPeer:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(str(path))
+        CONNECTIONS[threading.current_thread().name] += 1
         if handshake:
             self.sock.sendall(GREETING + ready(socket_type))
             self.read_exactly(64)  # the helper's greeting
@@ -246,22 +255,35 @@ FLOOD = ["garbage", "oversized", "multi-frame", "small-frames", "non-reader", "c
 
 
 def run(path: Path, kinds: list[str], seconds: float) -> None:
+    """The flood; says on stdout when every attack has connected, and at the
+    end, with the connections of each (:data:`CONNECTED`, :data:`ENDED`)."""
     stop = threading.Event()
-    threads = [threading.Thread(target=ATTACKS[k], args=(path, stop), daemon=True) for k in kinds]
+    threads = [
+        threading.Thread(target=ATTACKS[k], args=(path, stop), name=k, daemon=True) for k in kinds
+    ]
     for t in threads:
         t.start()
-    time.sleep(seconds)
+    end = time.monotonic() + seconds
+    said = False
+    while time.monotonic() < end:
+        if not said and all(CONNECTIONS[k] for k in kinds):
+            print(CONNECTED + json.dumps(dict(CONNECTIONS)), flush=True)
+            said = True
+        time.sleep(0.005)
     stop.set()
     for t in threads:
         t.join(5)
+    print(ENDED + json.dumps(dict(CONNECTIONS)), flush=True)
 
 
 @contextmanager
-def flood(path: Path, kinds: list[str], seconds: float) -> Iterator[subprocess.Popen[bytes]]:
+def flood(path: Path, kinds: list[str], seconds: float) -> Iterator[subprocess.Popen[str]]:
     """The attack ``kinds`` from another process for at most ``seconds``."""
     proc = subprocess.Popen(
         [sys.executable, __file__, str(path), *kinds, "--seconds", str(seconds)],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         yield proc
@@ -271,14 +293,34 @@ def flood(path: Path, kinds: list[str], seconds: float) -> Iterator[subprocess.P
         proc.wait(10)
 
 
+def connections(proc: subprocess.Popen[str], said: str, timeout: float = 20.0) -> dict[str, int]:
+    """Wait (at most ``timeout``) for the flood ``proc`` to say ``said``
+    (:data:`CONNECTED`, :data:`ENDED`); the connections of each attack then."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            raise TimeoutError(f"the flood did not say {said!r} within {timeout} s")
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the flood exited ({proc.wait(10)}) before saying {said!r}")
+        if line.startswith(said):
+            counts: dict[str, int] = json.loads(line[len(said) :])
+            return counts
+
+
 # --------------------------------------------------------------------------- the measured client
 
 
-def latencies(endpoint: str, until: Callable[[], bool], interval: float = 0.005) -> list[float]:
-    """Seconds of each GetClosConfig round trip of a well-behaved client (100 ms
-    budget) until ``until()``; a miss raises ``HelperUnavailable``."""
+def latencies(
+    endpoint: str, until: Callable[[], bool], interval: float = 0.005, timeout: float = 0.1
+) -> list[float]:
+    """Seconds of each GetClosConfig round trip of a well-behaved client
+    (``timeout``: the plugin's 100 ms budget) until ``until()``; a miss raises
+    ``HelperUnavailable``."""
     out: list[float] = []
-    with SyncHelperClient(endpoint, timeout=0.1) as c:
+    with SyncHelperClient(endpoint, timeout=timeout) as c:
         connected = time.monotonic() + 2.0
         while True:  # the client fails fast while its socket is not connected
             try:
@@ -296,7 +338,7 @@ def latencies(endpoint: str, until: Callable[[], bool], interval: float = 0.005)
     return out
 
 
-__all__ = ["ATTACKS", "FLOOD", "RawPeer", "flood", "latencies"]
+__all__ = ["ATTACKS", "CONNECTED", "ENDED", "FLOOD", "RawPeer", "connections", "flood", "latencies"]
 
 
 if __name__ == "__main__":

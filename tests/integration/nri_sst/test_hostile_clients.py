@@ -11,7 +11,6 @@ import resource
 import signal
 import socket
 import stat
-import statistics
 import subprocess
 import sys
 import time
@@ -20,12 +19,15 @@ from pathlib import Path
 import pytest
 from helper_process import Helper, helper_command, start_helper, stop_helper
 from hostile import (
+    CONNECTED,
     DISCOVER,
+    ENDED,
     FLOOD,
     GREETING,
     HELLO,
     MORE,
     RawPeer,
+    connections,
     flood,
     frame,
     header,
@@ -90,7 +92,7 @@ SOCK, VICTIM = os.environ.get("SWAP_SOCK"), os.environ.get("SWAP_VICTIM")
 def _race(event, args):
     global SOCK
     if event == "os.chmod":
-        time.sleep(0.3)  # any chmod: a window a racer always wins
+        time.sleep(0.3)  # the stimulus: any chmod opens a window a racer always wins
     elif event == "open" and SOCK and args and os.fspath(args[0]) == SOCK:
         os.symlink(VICTIM, SOCK + ".link")  # the helper looks at its socket: swap it first
         os.replace(SOCK + ".link", SOCK)
@@ -149,7 +151,10 @@ def test_no_symlink_swapped_in_for_the_socket_gets_chmod(
             assert "is not the socket just bound (a symlink" in log.read_text()
         else:
             assert swap_in_a_symlink(sock, victim, time.monotonic() + 20)
-            time.sleep(0.5)
+            deadline = time.monotonic() + 20  # past any chmod: refused, or serving
+            while proc.poll() is None and "serving on" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.02)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(10) in (0, 1)
     finally:
@@ -561,19 +566,19 @@ def test_other_clients_do_not_end_the_plugins_session(helper: Helper) -> None:
 # --------------------------------------------------------------------------- the bounded flood
 
 
-def test_a_client_is_answered_in_time_during_a_flood(helper: Helper) -> None:
+def test_a_client_is_answered_during_a_flood(helper: Helper) -> None:
     """Six hostile clients for 2.5 s (garbage, 1 MiB payloads, endless and
     many-frame messages, unread replies, connection churn): every request of a
-    well-behaved client is answered within its 100 ms budget."""
+    well-behaved client is answered, many of them, while the attackers go on
+    connecting (fairness by count; the liveness bound is a 2 s timeout per
+    request; the round trip's p99 is a figure of tests/bench/bench_sst.py,
+    ``sst.flood_rt_p99``)."""
     with flood(helper.sock, FLOOD, seconds=2.5) as f:
-        time.sleep(0.3)  # the attackers are connected
-        samples = latencies(helper.endpoint, until=lambda: f.poll() is not None)
-    p50 = statistics.median(samples) * 1e3
-    p99 = statistics.quantiles(samples, n=100)[98] * 1e3
-    print(
-        f"\nwell-behaved client during the flood: n={len(samples)} "
-        f"p50={p50:.2f} ms p99={p99:.2f} ms"
-    )
-    assert len(samples) > 50
+        before = connections(f, CONNECTED)
+        samples = latencies(helper.endpoint, until=lambda: f.poll() is not None, timeout=2.0)
+        after = connections(f, ENDED)
+    assert len(samples) > 50  # a miss would have raised HelperUnavailable
+    assert set(before) == set(after) == set(FLOOD)
+    assert after["churn"] > before["churn"] and after["garbage"] > before["garbage"]
     assert helper.proc.poll() is None
     assert helper.peak_rss_mb() < RSS_LIMIT_MB, helper.peak_rss_mb()

@@ -40,6 +40,8 @@ class SlowFirstPeer(threading.Thread):
         self.sock.bind(endpoint)
         self.stop = False
         self.hellos = 0
+        self.late_sent = threading.Event()
+        """set once the late reply to the first TFStatus is sent"""
 
     def run(self) -> None:
         tf = 0
@@ -63,9 +65,11 @@ class SlowFirstPeer(threading.Thread):
             else:
                 tf += 1
                 if tf == 1:
-                    time.sleep(0.3)
+                    time.sleep(0.3)  # the stimulus: a reply later than the client waits
                 reply = m.TFStatusReply(punits=[m.PunitTF(0, tf, True, True)])
             self.sock.send_multipart([peer, empty, rid, m.encode(reply)])
+            if tf == 1:
+                self.late_sent.set()
         self.sock.close(0)
         self.ctx.term()
 
@@ -83,7 +87,8 @@ async def test_late_reply_dropped_and_handshake_redone(peer: SlowFirstPeer, tmp_
     async with HelperClient(f"ipc://{tmp_path}/fake.sock", timeout=0.1) as c:
         with pytest.raises(HelperUnavailable):
             await c.request(m.TFStatus())
-        time.sleep(0.35)  # the late reply to the first TFStatus arrives meanwhile
+        # the late reply to the first TFStatus arrives meanwhile
+        assert await asyncio.to_thread(peer.late_sent.wait, 5)
         got = await c.call(m.TFStatus(), m.TFStatusReply, timeout=1.0)
         assert got.punits[0].punit == 2  # its own reply, not the late one
         cfg = await c.call(m.GetClosConfig(clos=2), m.GetClosConfigReply, timeout=1.0)

@@ -17,6 +17,7 @@ import logging
 import operator
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from nri_balloons.configyaml import load_policy
@@ -35,6 +36,9 @@ from nri_sst.backends.base import Backend
 from nri_sst.backends.sim import SimBackend, SimConfig
 from nri_sst.client import HelperRequestError, HelperUnavailable, Send, Session
 from nri_sst.handler import RequestHandler
+
+if TYPE_CHECKING:
+    from nri_balloons.plugin import Balloons
 
 SPEC = Path(__file__).parents[3] / "examples" / "pct-managed" / "balloons-pct-managed.yaml"
 
@@ -715,6 +719,22 @@ def test_decisions_between_two_background_requests_are_kept() -> None:
         assert all(disabled_cstates(c) == {"C6", "C6P"} for c in cpuset.ids(cpus))
 
 
+async def background_at_the_gate(plugin: Balloons, helper: InProcessHelper) -> None:
+    """The spec applied while the helper is down: the plugin's background
+    takes over; the helper is back, but holds the background's retry (after
+    0.5 s) at its gate, until the test sets it."""
+    helper.down = True
+    plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
+    assert plugin.background is not None  # the reply path left it to the background
+    helper.down = False
+    helper.gate = asyncio.Event()
+    for _ in range(150):
+        if plugin._steps is not None:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the background's retry did not reach the helper")
+
+
 async def test_a_new_configuration_stops_the_background() -> None:
     """The plugin's background commit waits for the helper; a new
     configuration arrives meanwhile: the background is stopped first, so
@@ -732,16 +752,7 @@ async def test_a_new_configuration_stops_the_background() -> None:
     handler = plugin.policy.cpu_classes
     handler.writer = handler.pct.writer = helper
     try:
-        helper.down = True
-        plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
-        assert plugin.background is not None  # the reply path left it to the background
-        helper.down = False
-        helper.gate = asyncio.Event()
-        for _ in range(100):  # its retry (after 0.5 s) waits for the helper
-            if plugin._steps is not None:
-                break
-            await asyncio.sleep(0.02)
-        assert plugin._steps is not None
+        await background_at_the_gate(plugin, helper)
         plugin.reconfigure(ASSOC_ONLY, "test")
         helper.gate.set()
         for _ in range(100):
@@ -785,6 +796,44 @@ async def test_a_settled_background_has_the_agent_publish_again() -> None:
             await asyncio.sleep(0.02)
         assert plugin.background is None and not handler.unsettled()
         assert calls and calls[-1] is not None  # an opinion now: PCT is active
+    finally:
+        plugin.policy_shutdown()
+
+
+async def test_a_hook_does_not_commit_while_the_background_runs() -> None:
+    """The background awaits the helper (its request held at the in-process
+    helper's gate); a CreateContainer meanwhile answers with its pinning and
+    only records its CPU class decisions: the hook sends the helper nothing
+    (two writers would interleave their requests), and the background applies
+    the decision once the helper answers."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    handler.pct.hold = False
+    try:
+        await background_at_the_gate(plugin, helper)
+        sent = len(helper.sent)
+        result = plugin.nri_create_container(*pod("pct-hp-1", 2, "hp-bln"))
+        assert result is not None and result.adjustment is not None
+        assert result.adjustment.resources is not None
+        assert result.adjustment.resources.cpu is not None
+        cpus = cpuset.parse(result.adjustment.resources.cpu.cpus)
+        assert cpuset.ids(cpus) and len(helper.sent) == sent  # recorded only
+        assert handler.unsettled()
+        helper.gate.set()
+        for _ in range(150):
+            if plugin.background is None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin.background is None and not handler.unsettled()
+        assert set(helper.clos(cpus).values()) == {0}
+        assert all(disabled_cstates(c) == {"C6", "C6P"} for c in cpuset.ids(cpus))
     finally:
         plugin.policy_shutdown()
 

@@ -414,20 +414,27 @@ async def test_registration_timeout(make_runtime: MakeRuntime) -> None:
 async def test_plugins_are_admitted_one_at_a_time(make_runtime: MakeRuntime) -> None:
     rt = await make_runtime()
     slow = RawPlugin(rt.socket_path, name="first", index="20")
+    order: list[str] = []
 
     async def slow_sync(payload: bytes) -> bytes:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the stimulus: a slow Synchronize
+        order.append("first synchronized")
         return b""
+
+    async def fast_configure(payload: bytes) -> bytes:
+        order.append("second configured")
+        return pb.ConfigureResponse().SerializeToString()
 
     slow.handlers["Synchronize"] = slow_sync
     fast = RawPlugin(rt.socket_path, name="second", index="10")
+    fast.handlers["Configure"] = fast_configure
     await slow.start()
-    await asyncio.sleep(0.05)
+    await _until(lambda: "Synchronize" in slow.labels())  # the first is being admitted
     second = asyncio.create_task(fast.start())
     infos = await rt.wait_plugins(2, 5)
     await second
     # the second plugin is configured only after the first one is synchronized
-    assert fast.seen[0].at >= slow.seen[1].at + 0.25
+    assert order == ["first synchronized", "second configured"]
     assert [p.full_name for p in infos] == ["10-second", "20-first"]  # invocation order by index
     await slow.close()
     await fast.close()
