@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from nri_framework import cpuset
 
 from nri_balloons.config import BalloonType
-from nri_balloons.cpus import max_avail_milli_cpus
+from nri_balloons.sizing import max_avail_milli_cpus
 
 
 @dataclass

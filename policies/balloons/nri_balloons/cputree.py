@@ -3,7 +3,7 @@
 A :class:`CpuTreeAllocator` belongs to one balloon. :meth:`CpuTreeAllocator.resize`
 answers "which CPUs should this balloon gain (``delta > 0``) or give up
 (``delta < 0``)": the resizer chain of ``ResizeCpus`` narrows the choice down to a
-candidate set, then the shared :class:`~nri_balloons.cpus.CpuAllocator` makes the
+candidate set, then the shared :class:`~nri_balloons.cpuallocator.CpuAllocator` makes the
 exact pick (``AllocateCpus``/``ReleaseCpus``), as ``resizeBalloon`` does upstream.
 :meth:`CpuTreeAllocator.candidates` is ``ResizeCpus`` alone.
 
@@ -48,7 +48,9 @@ from typing import Any
 from nri_framework import cpuset
 from nri_framework.topology import Topology, TreeNode
 
-from nri_balloons.cpus import CpuAllocator, CpuPriority, ResizeError, VirtualDevice
+from nri_balloons.cpuallocator import CpuAllocator, ResizeError
+from nri_balloons.cpupriority import CpuPriority
+from nri_balloons.devices import VirtualDevice
 
 log = logging.getLogger("nri_balloons.cputree")
 

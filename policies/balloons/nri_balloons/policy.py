@@ -26,20 +26,22 @@ from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantit
 from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
+from nri_balloons.cpuallocator import CpuAllocator
 from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
-from nri_balloons.cpus import (
-    CpuAllocator,
-    CpuPriority,
+from nri_balloons.cpupriority import CpuPriority
+from nri_balloons.cputree import CpuTreeAllocator, ResizeError
+from nri_balloons.devices import (
+    DeviceResolver,
     LoadedDevice,
     LoadLevel,
     VirtualDevice,
-    share_idle,
+    close_devices,
+    far_devices,
 )
-from nri_balloons.cputree import CpuTreeAllocator, ResizeError
-from nri_balloons.devices import DeviceResolver, close_devices, far_devices
 from nri_balloons.expression import Subject, resolve_ref
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
+from nri_balloons.sizing import share_idle
 from nri_balloons.validation import PreparedConfig
 
 log = logging.getLogger("policy")
