@@ -29,7 +29,7 @@ from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
 from nri_balloons.cpuallocator import CpuAllocator
 from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
 from nri_balloons.cpupriority import CpuPriority
-from nri_balloons.cputree import CpuTreeAllocator, ResizeError
+from nri_balloons.cputree import CpuTreeAllocator, Hint, ResizeError
 from nri_balloons.devices import (
     DeviceResolver,
     LoadedDevice,
@@ -632,23 +632,21 @@ class BalloonsPolicy:
         if delta > 0:
             free = self.free & ~exclude
             hints = self.cpu_classes.hints(self.balloon_class(bdef), delta, free, bln.cpus)
-            close, far = len(tree.prefer_close_to), len(tree.prefer_far_from)
+            prefer: list[Hint] = []
+            avoid: list[Hint] = []
             for i, (name, sets) in enumerate(hints.prefer):
                 log.debug("cpuclass hint: prefer %s -> %s", quote(name), _sets(sets))
-                tree.prefer_close_to.append(VirtualDevice(f"__cls_pref_{i}_{name}", sets))
+                prefer.append(VirtualDevice(f"__cls_pref_{i}_{name}", sets))
             for i, (name, cpus) in enumerate(hints.avoid):
                 log.debug("cpuclass hint: avoid %s -> %s", quote(name), cpuset.format(cpus))
-                tree.prefer_far_from.append(VirtualDevice(f"__cls_avoid_{i}_{name}", [cpus]))
+                avoid.append(VirtualDevice(f"__cls_avoid_{i}_{name}", [cpus]))
             try:
-                add = tree.resize(bln.cpus, free, delta)
+                add = tree.resize(bln.cpus, free, delta, prefer=prefer, avoid=avoid)
             except ResizeError as exc:
                 raise BalloonsError(
                     f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
                     f"cpuset for allocating additional {delta} CPUs: {exc}"
                 ) from None
-            finally:
-                del tree.prefer_close_to[close:]
-                del tree.prefer_far_from[far:]
             self.free &= ~add
             bln.cpus |= add
         else:

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nri_balloons.cpuallocator import ResizeError
 from nri_balloons.cpupriority import CpuPriority
-from nri_balloons.cputree import CpuTreeAllocator, _flat_tree, _FlatTree, cpu_locations
+from nri_balloons.cputree import CpuTreeAllocator, ResizeHints, cpu_locations
 from nri_balloons.devices import LoadedDevice, VirtualDevice, loaded_cpus
+from nri_balloons.flattree import FlatTree, flat_tree
 from nri_framework import cpuset
 from nri_framework.simulate.sysfs import N4C16, S8C4K, XEON_6776P, TopologySpec
 from nri_framework.topology import Topology, TreeNode
@@ -505,7 +506,7 @@ def test_max_local_set_matches_upstream_sort(
     expected = _reference_max_local_set(
         _reference_tree(topo, spread), current, free, delta, balancing
     )
-    assert alloc._max_local_set(5, current, free, delta) == expected
+    assert alloc._max_local_set(5, ResizeHints(), current, free, delta) == expected
 
 
 def test_split_level() -> None:
@@ -513,9 +514,9 @@ def test_split_level() -> None:
     level is split by thread index, so sibling threads land in different classes
     under the same NUMA node."""
     topo = topology(int5(2, 2, 2, 4, 2))
-    plain, split = _flat_tree(topo, False), _flat_tree(topo, True)
+    plain, split = flat_tree(topo, False), flat_tree(topo, True)
 
-    def ancestors(t: _FlatTree, cpu: int) -> list[str]:
+    def ancestors(t: FlatTree, cpu: int) -> list[str]:
         i = next(i for i, m in enumerate(t.masks) if m == 1 << cpu and t.end[i] == i + 1)
         chain = []
         while i < len(t.masks):
@@ -763,6 +764,22 @@ def test_big_and_sparse_topologies() -> None:
         P("1"),
     ]
     assert new_balloons(s8, [2, 1, 1], topology_balancing=True) == [P("0-1"), P("2"), P("511")]
+
+
+def test_hints_of_one_resize_are_arguments() -> None:
+    """cpuClass hints reach the tree as arguments of one resize: they steer that
+    resize (after the type's own hints) and leave the allocator's lists as they were,
+    so the next resize does not see them."""
+    topo = topology(N4C16)
+    alloc = fresh(topo, prefer_close_to=[P("0-7")])
+    close, far = list(alloc.prefer_close_to), list(alloc.prefer_far_from)
+    pref = VirtualDevice("__cls_pref_0_hp", [P("4-5")])
+    assert alloc.resize(0, topo.online, 2, prefer=[pref]) == P("4-5")
+    assert alloc.resize(0, topo.online, 2, avoid=[P("0-5")]) == P("6-7")
+    # the type's hint comes first and wins a conflict
+    assert alloc.resize(0, topo.online, 2, prefer=[P("12-13")]) == P("0-1")
+    assert alloc.prefer_close_to == close and alloc.prefer_far_from == far
+    assert alloc.resize(0, topo.online, 2) == P("0-1")  # no hint left behind
 
 
 def test_resize_errors() -> None:
