@@ -39,6 +39,7 @@ from nri_balloons.devices import (
     far_devices,
 )
 from nri_balloons.expression import Subject, resolve_ref
+from nri_balloons.fillmethod import FillMethod, fill_chain
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
 from nri_balloons.sizing import share_idle
@@ -419,46 +420,32 @@ class BalloonsPolicy:
 
     # -- choosing the instance (§6) --------------------------------------------------
 
-    def fill_chain(self, bdef: BalloonType) -> list[str]:
-        chain: list[str] = []
-        if bdef.group_by:
-            chain.append("same-group")
-        if not bdef.prefer_spreading_pods:
-            chain.append("same-pod")
-        if bdef.prefer_per_namespace_balloon:
-            chain += ["same-namespace", "new-balloon"]
-        if bdef.prefer_new_balloons:
-            chain += ["new-balloon", "balanced", "balanced-inflate"]
-        else:
-            chain += ["balanced", "balanced-inflate", "new-balloon"]
-        return chain
-
     def instances(self, bdef: BalloonType) -> list[Balloon]:
         return [b for b in self.balloons if b.bdef.name == bdef.name]
 
     def choose_instance(self, bdef: BalloonType, member: Member) -> Balloon:
-        for method in self.fill_chain(bdef):
+        for method in fill_chain(bdef):
             try:
-                candidates = self._fill(method, bdef, member)
+                candidates = self._fills[method](bdef, member)
             except NotApplicable:
-                log.debug("fill method %r not applicable", method)
+                log.debug("fill method %r not applicable", str(method))
                 continue
             if candidates:
                 log.debug(
                     "fill method %r suggests any of balloon instances %s",
-                    method,
+                    str(method),
                     [b.name for b in candidates],
                 )
                 return self._best(method, candidates)
-            log.debug("fill method %r not applicable", method)
+            log.debug("fill method %r not applicable", str(method))
         raise BalloonsError(
             f"balloon allocation for container {member.pretty} failed: "
             "no suitable balloon instance available"
         )
 
-    def _best(self, method: str, candidates: list[Balloon]) -> Balloon:
+    def _best(self, method: FillMethod, candidates: list[Balloon]) -> Balloon:
         def key(b: Balloon) -> tuple[int, int]:
-            if method == "balanced-inflate":
+            if method is FillMethod.BALANCED_INFLATE:
                 free = b.max_free_milli(self.available(b.bdef))
             else:
                 free = b.free_milli
@@ -466,33 +453,39 @@ class BalloonsPolicy:
 
         return min(candidates, key=key)  # min keeps list order among equals
 
-    def _fill(self, method: str, bdef: BalloonType, member: Member) -> list[Balloon]:
-        req = member.request
-        mine = self.instances(bdef)
+    @functools.cached_property
+    def _fills(self) -> dict[FillMethod, Callable[[BalloonType, Member], list[Balloon]]]:
+        """Fill method -> its candidates for a container (raises :class:`NotApplicable`)."""
+        return {
+            FillMethod.SAME_GROUP: self._fill_same_group,
+            FillMethod.SAME_POD: lambda bdef, m: self._fill_where(
+                bdef, m, lambda b: m.pod_id in b.pod_ids()
+            ),
+            FillMethod.SAME_NAMESPACE: lambda bdef, m: self._fill_where(
+                bdef, m, lambda b: m.namespace in b.namespaces()
+            ),
+            FillMethod.BALANCED: lambda bdef, m: [
+                b for b in self.instances(bdef) if b.free_milli >= m.request
+            ],
+            FillMethod.BALANCED_INFLATE: lambda bdef, m: self._fill_where(bdef, m, bool),
+            FillMethod.NEW_BALLOON: lambda bdef, m: [self._fill_new(bdef, m.request)],
+        }
+
+    def _fill_where(
+        self, bdef: BalloonType, member: Member, where: Callable[[Balloon], bool]
+    ) -> list[Balloon]:
+        """The instances ``where`` holds for that can grow to fit ``member``."""
         avail = self.available(bdef)
-        if method == "same-group":
-            if not member.group:
-                raise NotApplicable
-            return [
-                b for b in mine if b.groups[member.group] > 0 and b.max_free_milli(avail) >= req
-            ]
-        if method == "same-pod":
-            return [
-                b for b in mine if member.pod_id in b.pod_ids() and b.max_free_milli(avail) >= req
-            ]
-        if method == "same-namespace":
-            return [
-                b
-                for b in mine
-                if member.namespace in b.namespaces() and b.max_free_milli(avail) >= req
-            ]
-        if method == "balanced":
-            return [b for b in mine if b.free_milli >= req]
-        if method == "balanced-inflate":
-            return [b for b in mine if b.max_free_milli(avail) >= req]
-        if method == "new-balloon":
-            return [self._fill_new(bdef, req)]
-        raise NotApplicable
+        return [
+            b
+            for b in self.instances(bdef)
+            if where(b) and b.max_free_milli(avail) >= member.request
+        ]
+
+    def _fill_same_group(self, bdef: BalloonType, member: Member) -> list[Balloon]:
+        if not member.group:
+            raise NotApplicable
+        return self._fill_where(bdef, member, lambda b: b.groups[member.group] > 0)
 
     def _fill_new(self, bdef: BalloonType, req: int) -> Balloon:
         for b in self.instances(bdef):
