@@ -21,7 +21,6 @@ from nri_framework import cpuset
 from nri_framework.kube import quota_to_milli_cpu, shares_to_milli_cpu
 from nri_framework.model import Container, Pod
 from nri_framework.topology import Topology
-from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantity
 
 from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
@@ -70,9 +69,6 @@ def request_milli(container: Container) -> int:
 def limit_milli(container: Container) -> int:
     cpu = container.resources.cpu if container.resources else None
     return quota_to_milli_cpu(cpu.quota or 0, cpu.period or 0) if cpu else 0
-
-
-EXT_RESOURCE_DOMAIN = "cpuclass.balloons.nri.io"
 
 
 def _sets(sets: Sequence[int]) -> str:
@@ -289,35 +285,6 @@ class BalloonsPolicy:
         self.cpu_classes.reset()
         for bln in self.balloons:
             self._use_class(bln)
-
-    def extended_resources(self) -> dict[str, int | None] | None:
-        """Upstream ``GetExtendedResources`` (§13.5): the ownership key of the
-        ``cpuclass.balloons.nri.io`` domain, and for every PCT class with
-        ``publishExtendedResource`` its capacity (CPUs held by balloons of
-        other classes do not count). ``None`` (no opinion: leave the node as it
-        is) while PCT waits for the SST helper."""
-        out: dict[str, int | None] = {f"{EXT_RESOURCE_DOMAIN}/*": None}
-        pct = self.cpu_classes.pct
-        if self.config is None:
-            return out
-        if pct.wanted_mode and (pct.degraded or pct.need_program):
-            return None
-        if not pct.active:
-            return out
-        for cc in self.config.spec.cpu_classes:
-            if not cc.publish_extended_resource:
-                continue
-            if not cc.is_pct:
-                log.warning(
-                    "ignoring publishExtendedResource on non-PCT cpuClass %s", quote(cc.name)
-                )
-                continue
-            held = 0
-            for bln in self.balloons:
-                if self.balloon_class(bln.bdef) != cc.name:
-                    held |= bln.cpus
-            out[f"{EXT_RESOURCE_DOMAIN}/{cc.name}"] = max(pct.free_class_capacity(cc.name, held), 0)
-        return out
 
     def _build_trees(self, prepared: PreparedConfig) -> None:
         resolver = DeviceResolver(self.topology, self.host_root, self.reserved)
@@ -892,69 +859,6 @@ class BalloonsPolicy:
         self._share_idle()
         self.apply_cpu_classes()
         return set(self.owner)
-
-    # -- NodeResourceTopology (§14) --------------------------------------------------
-
-    def zones(self, cpus_of: Callable[[str], tuple[str, str]]) -> list[Zone]:
-        capacity = milli_quantity(self.topology.online.bit_count() * 1000)
-        zones: list[Zone] = []
-        for bln in self.balloons:
-            bdef = bln.bdef
-            alloc_cpus = self.initial_free.bit_count() + (
-                bdef.min_cpus if bdef.min_balloons > 0 else 0
-            )
-            if 0 < bdef.max_cpus < alloc_cpus:
-                alloc_cpus = bdef.max_cpus
-            zones.append(
-                Zone(
-                    name=bln.name,
-                    type="balloon",
-                    resources=[
-                        ZoneResource(
-                            name="cpu",
-                            capacity=capacity,
-                            allocatable=milli_quantity(alloc_cpus * 1000),
-                            available=milli_quantity(bln.max_free_milli(self.available(bdef))),
-                        )
-                    ],
-                    attributes=[
-                        ZoneAttribute(name="cpuset", value=cpuset.format(bln.cpus)),
-                        ZoneAttribute(name="shared cpuset", value=cpuset.format(bln.shared_idle)),
-                        ZoneAttribute(name="excess cpus", value=f"{bln.free_milli}m"),
-                    ]
-                    + (
-                        [ZoneAttribute(name="component cpusets", value=bln.component_cpusets())]
-                        if bln.components
-                        else []
-                    ),
-                )
-            )
-            if not self.options[bdef.name].show_in_nrt:
-                continue
-            for m in bln.members.values():
-                cpus, mems = cpus_of(m.id)
-                ncpus = cpuset.parse(cpus).bit_count() if cpus else self.topology.online.bit_count()
-                cap = m.limit if m.limit and m.limit <= ncpus * 1000 else ncpus * 1000
-                zones.append(
-                    Zone(
-                        name=m.pretty,
-                        type="allocation for container",
-                        parent=bln.name,
-                        resources=[
-                            ZoneResource(
-                                name="cpu",
-                                capacity=milli_quantity(cap),
-                                allocatable=milli_quantity(m.request),
-                                available="0",
-                            )
-                        ],
-                        attributes=[
-                            ZoneAttribute(name="cpuset", value=cpus),
-                            ZoneAttribute(name="memory set", value=mems),
-                        ],
-                    )
-                )
-        return zones
 
     def __iter__(self) -> Iterator[Balloon]:
         return iter(self.balloons)
