@@ -42,6 +42,7 @@ from nri_balloons.fillmethod import FillMethod, fill_chain
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
 from nri_balloons.sizing import share_idle
+from nri_balloons.state import BalloonsState, decode, rebuild, snapshot
 from nri_balloons.validation import PreparedConfig
 
 log = logging.getLogger("policy")
@@ -769,83 +770,23 @@ class BalloonsPolicy:
 
     # -- state -----------------------------------------------------------------------
 
-    def export(self) -> dict[str, Any]:
-        def components(b: Balloon) -> list[dict[str, Any]]:
-            return [
-                {
-                    "type": c.bdef.name,
-                    "instance": c.instance,
-                    "cpus": cpuset.format(c.cpus),
-                    "components": components(c),
-                }
-                for c in b.components
-            ]
-
-        return {
-            "balloons": [
-                {
-                    "type": b.bdef.name,
-                    "instance": b.instance,
-                    "cpus": cpuset.format(b.cpus),
-                    "components": components(b),
-                    "members": [
-                        [
-                            m.id,
-                            m.pod_id,
-                            m.namespace,
-                            m.pod_name,
-                            m.name,
-                            m.request,
-                            m.limit,
-                            m.group,
-                        ]
-                        for m in b.members.values()
-                    ],
-                }
-                for b in self.balloons
-            ]
-        }
+    def export(self) -> BalloonsState:
+        """The state to save (:mod:`nri_balloons.state`)."""
+        return snapshot(self.balloons)
 
     def restore(self, saved: Any, alive: set[str]) -> set[str]:
-        """Rebuild the balloons saved by :meth:`export` for containers still alive.
+        """Rebuild the balloons saved by :meth:`export` (this version or an older
+        one) for containers still alive.
 
         Returns the ids restored. Anything inconsistent (an unknown type, CPUs
         outside the allowed set or in two balloons) makes the whole restore
         fail, and the caller places every container afresh.
         """
-        if not isinstance(saved, dict) or not isinstance(saved.get("balloons"), list):
-            return set()
-        balloons: list[Balloon] = []
-        taken = 0
-
-        def rebuild(entry: Any) -> Balloon:
-            nonlocal taken
-            bdef = self.types[entry["type"]]
-            cpus = cpuset.parse(entry["cpus"])
-            bln = Balloon(bdef=bdef, instance=int(entry["instance"]), cpus=cpus)
-            bln.components = [rebuild(c) for c in entry.get("components", [])]
-            if [c.bdef.name for c in bln.components] != [
-                c.balloon_type for c in bdef.components
-            ] and bdef.component_creation != "balance-balloons":
-                raise ValueError(f"components of {entry['type']} do not match its type")
-            if bln.components:
-                if cpus != functools.reduce(operator.or_, (c.cpus for c in bln.components), 0):
-                    raise ValueError(f"CPUs of {entry['type']} are not those of its components")
-            else:
-                if cpus & ~self.allowed or cpus & taken:
-                    raise ValueError(f"CPUs {entry['cpus']} of {entry['type']} not available")
-                taken |= cpus
-            return bln
-
         try:
-            for entry in saved["balloons"]:
-                bln = rebuild(entry)
-                for mid, pod_id, ns, pod_name, name, req, lim, group in entry["members"]:
-                    if mid in alive:
-                        bln.members[mid] = Member(mid, pod_id, ns, pod_name, name, req, lim, group)
-                        if group:
-                            bln.groups[group] += 1
-                balloons.append(bln)
+            state = decode(saved)
+            if state is None:
+                return set()
+            balloons, taken = rebuild(state, self.types, self.allowed, alive)
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("cannot restore saved balloons, placing containers anew: %s", exc)
             return set()
