@@ -10,102 +10,71 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import operator
-import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
-import msgspec
 from nri_framework import cpuset
-from nri_framework.kube import quota_to_milli_cpu, shares_to_milli_cpu
 from nri_framework.model import Container, Pod
 from nri_framework.topology import Topology
 
 from nri_balloons import annotations as ann
 from nri_balloons.balloon import Balloon, Member
+from nri_balloons.composite import new_composite, resize_composite
 from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
-from nri_balloons.cpuallocator import CpuAllocator
+from nri_balloons.containers import limit_milli, request_milli
 from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
-from nri_balloons.cpupriority import CpuPriority
-from nri_balloons.cputree import CpuTreeAllocator, Hint, ResizeError
-from nri_balloons.devices import (
-    DeviceResolver,
-    LoadedDevice,
-    LoadLevel,
-    VirtualDevice,
-    close_devices,
-    far_devices,
-)
-from nri_balloons.expression import Subject, resolve_ref
+from nri_balloons.cputree import ResizeError
+from nri_balloons.errors import BalloonsError
+from nri_balloons.expression import Subject
 from nri_balloons.fillmethod import FillMethod, fill_chain
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
+from nri_balloons.groupby import expand_group
+from nri_balloons.placement import Placement, TypeOptions, changes_placement
 from nri_balloons.sizing import share_idle
 from nri_balloons.state import BalloonsState, decode, rebuild, snapshot
+from nri_balloons.trees import class_hints
 from nri_balloons.validation import PreparedConfig
 
 log = logging.getLogger("policy")
 
+T = TypeVar("T")
+
+__all__ = ["BalloonsError", "BalloonsPolicy"]
+
 PRIORITY_ORDER = ("high", "normal", "low", "none")
-
-
-class BalloonsError(Exception):
-    """A placement failure; the text goes back to the runtime."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(f"balloons: {text}")
 
 
 class NotApplicable(Exception):
     """A fill method has no candidate."""
 
 
-def request_milli(container: Container) -> int:
-    """The CPU request in mCPU, from the CFS shares the kubelet derived from it."""
-    cpu = container.resources.cpu if container.resources else None
-    return shares_to_milli_cpu(cpu.shares or 0) if cpu else 0
+class _Placed(Generic[T]):
+    """An attribute of the policy's running :class:`~nri_balloons.placement.Placement`."""
 
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-def limit_milli(container: Container) -> int:
-    cpu = container.resources.cpu if container.resources else None
-    return quota_to_milli_cpu(cpu.quota or 0, cpu.period or 0) if cpu else 0
+    def __get__(self, policy: BalloonsPolicy, owner: type | None = None) -> T:
+        return cast(T, getattr(policy.placement, self.name))
 
-
-def _sets(sets: Sequence[int]) -> str:
-    """CPU sets the way Go prints a slice of them: ``[0-1 4-5]``."""
-    return "[" + " ".join(cpuset.format(c) for c in sets) + "]"
-
-
-_REF = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z0-9_./-]+)")
-
-
-def expand_group(text: str, subject: Subject, must_resolve: bool) -> str:
-    """``groupBy`` with ``${key}``/``$key`` references replaced by their values."""
-
-    def sub(m: re.Match[str]) -> str:
-        key = m.group(1) if m.group(1) is not None else m.group(2)
-        value, found = resolve_ref(subject, key)
-        if not found and must_resolve:
-            raise KeyError(f"cannot resolve {key!r}")
-        return value
-
-    return _REF.sub(sub, text)
-
-
-@dataclass(frozen=True)
-class TypeOptions:
-    """A balloon type with the policy-wide values it inherits resolved."""
-
-    topology_balancing: bool
-    spread_on_physical_cores: bool
-    pin_memory: bool
-    show_in_nrt: bool
-    hide_hyperthreads: bool
+    def __set__(self, policy: BalloonsPolicy, value: T) -> None:
+        setattr(policy.placement, self.name, value)
 
 
 class BalloonsPolicy:
-    """The state of the balloons on one node."""
+    """The state of the balloons on one node: the running :attr:`placement`, the
+    decisions that change it, and the cpuClasses of its CPUs."""
+
+    config: _Placed[PreparedConfig | None] = _Placed()
+    allowed: _Placed[int] = _Placed()
+    reserved: _Placed[int] = _Placed()
+    types: _Placed[dict[str, BalloonType]] = _Placed()
+    options: _Placed[dict[str, TypeOptions]] = _Placed()
+    balloons: _Placed[list[Balloon]] = _Placed()
+    free: _Placed[int] = _Placed()
+    initial_free: _Placed[int] = _Placed()
+    owner: _Placed[dict[str, Balloon]] = _Placed()
 
     def __init__(
         self, topology: Topology, host_root: str = "/", writer: Writer | None = None
@@ -113,57 +82,21 @@ class BalloonsPolicy:
         self.topology = topology
         self.host_root = host_root
         self.cpu_classes = CpuClassHandler(topology, writer)
-        self.config: PreparedConfig | None = None
-        self.balloons: list[Balloon] = []
-        self.free = 0
-        self.initial_free = 0
-        self.allowed = 0
-        self.reserved = 0
-        self.owner: dict[str, Balloon] = {}
-        self.options: dict[str, TypeOptions] = {}
-        self.trees: dict[str, CpuTreeAllocator] = {}
-        self.load_devices: dict[str, LoadedDevice] = {}
-        self.type_loads: dict[str, list[LoadedDevice]] = {}
-        self.types: dict[str, BalloonType] = {}
+        self.placement = Placement()
 
     # -- configuration (§3 setConfig) ------------------------------------------------
 
     def set_config(self, prepared: PreparedConfig) -> None:
         """Start over with ``prepared``: no balloons but the pre-created ones."""
-        spec = prepared.spec
-        topo = self.topology
-        self.config = prepared
-        self.allowed = (
-            prepared.allowed if prepared.allowed is not None else topo.online
-        ) & topo.online
-        self.reserved = (prepared.reserved or 0) & self.allowed
-        self._configure_classes(spec, strict=True)
-        self.types = {t.name: t for t in prepared.balloon_types}
-        self.options = {
-            t.name: TypeOptions(
-                topology_balancing=_pick(
-                    t.allocator_topology_balancing, spec.allocator_topology_balancing
-                ),
-                spread_on_physical_cores=_pick(
-                    t.prefer_spread_on_physical_cores, spec.prefer_spread_on_physical_cores
-                ),
-                pin_memory=_pick(t.pin_memory, spec.pin_memory),
-                show_in_nrt=_pick(t.show_containers_in_nrt, bool(spec.show_containers_in_nrt)),
-                hide_hyperthreads=bool(t.hide_hyperthreads),
-            )
-            for t in prepared.balloon_types
-        }
-        self._build_trees(prepared)
-        self.balloons = []
-        self.owner = {}
-        self.free = self.allowed
+        self.placement = Placement.for_config(self.topology, self.host_root, prepared)
+        self._configure_classes(prepared.spec, strict=True)
         for prio in PRIORITY_ORDER:
             for bdef in prepared.balloon_types:
                 if _priority(bdef) != prio:
                     continue
                 for i in range(bdef.min_balloons):
                     try:
-                        self.balloons.append(self._new_balloon(bdef))
+                        self.balloons.append(self.new_balloon(bdef))
                     except BalloonsError as exc:
                         raise BalloonsError(
                             f"failed to create balloon '{bdef.name}[{i}]' as required by "
@@ -196,18 +129,18 @@ class BalloonsPolicy:
         """
         log.info("configuration update")
         old = self.config
-        if old is not None and _placement_view(old.spec) == _placement_view(prepared.spec):
+        if old is not None and not changes_placement(old.spec, prepared.spec):
             if old.spec == prepared.spec:
                 log.info("no configuration changes")
                 return "none"
             log.info("configuration changes only on CPU classes")
             self._swap_types(prepared)
             return "classes"
-        saved = dict(self.__dict__)
+        current = self.placement
         try:
             self.set_config(prepared)
         except BalloonsError as exc:
-            self.__dict__.update(saved)
+            self.placement = current  # untouched: set_config built a new one
             if old is not None:  # the handler is shared: back to the running classes
                 self._configure_classes(old.spec, strict=False)
                 self.apply_cpu_classes()
@@ -250,7 +183,7 @@ class BalloonsPolicy:
             return bdef.cpu_class
         return DEFAULT if self.cpu_classes.known(DEFAULT) else ""
 
-    def _use_class(self, bln: Balloon) -> None:
+    def use_class(self, bln: Balloon) -> None:
         for b in bln.walk():
             if b.components or not b.cpus:
                 continue
@@ -263,7 +196,7 @@ class BalloonsPolicy:
             )
             self.cpu_classes.use(b.cpus, name)
 
-    def _forget_class(self, cpus: int) -> None:
+    def forget_class(self, cpus: int) -> None:
         if not cpus:
             return
         log.debug(
@@ -285,59 +218,7 @@ class BalloonsPolicy:
         )
         self.cpu_classes.reset()
         for bln in self.balloons:
-            self._use_class(bln)
-
-    def _build_trees(self, prepared: PreparedConfig) -> None:
-        resolver = DeviceResolver(self.topology, self.host_root, self.reserved)
-        reserved_cpuset = bool(prepared.reserved)
-        close = {
-            t.name: close_devices(t, prepared.reserved_type.name, reserved_cpuset)
-            for t in prepared.balloon_types
-        }
-        far = far_devices(close, bool(self.topology.isolated))
-        # load classes (§7.3 fillLoadVirtDevices): one virtual device per level,
-        # avoided by every balloon of a type that carries it
-        classes = {lc.name: lc for lc in prepared.spec.load_classes}
-        self.load_devices = {}
-        self.type_loads = {}
-        for t in prepared.balloon_types:
-            devices: list[LoadedDevice] = []
-            for name in t.loads:
-                lc = classes[name]
-                level = cast(LoadLevel, lc.level)
-                dev = self.load_devices.get(level)
-                if dev is None:
-                    dev = self.load_devices[level] = LoadedDevice(self.topology, level)
-                dev.update_on_every_cpu = dev.update_on_every_cpu or lc.overloads_level_in_balloon
-                if dev not in devices:
-                    devices.append(dev)
-            self.type_loads[t.name] = devices
-        allocator = CpuAllocator(self.topology)  # one for the whole policy
-        self.trees = {}
-        for t in prepared.balloon_types:
-            opts = self.options[t.name]
-            loads = self.type_loads[t.name]
-            dynamic = [d for d in loads if d.update_on_every_cpu]
-            self.trees[t.name] = CpuTreeAllocator(
-                self.topology,
-                topology_balancing=opts.topology_balancing,
-                prefer_spread_on_physical_cores=opts.spread_on_physical_cores,
-                prefer_close_to=_masks(resolver, close[t.name]),
-                prefer_far_from=[*_masks(resolver, far[t.name]), *loads],
-                on_cpu_pick=_adder(dynamic) if dynamic else None,
-                allocator_priority=CpuPriority.parse(t.allocator_priority),
-                cpu_allocator=allocator,
-            )
-
-    def _load_devices_for(self, bdef: BalloonType) -> None:
-        """Refresh the loaded CPUs of ``bdef``'s load devices before a resize: the
-        CPUs of every balloon whose type carries the same device."""
-        for dev in self.type_loads.get(bdef.name, ()):
-            loaded = 0
-            for b in self.balloons:
-                if dev in self.type_loads.get(b.bdef.name, ()):
-                    loaded |= b.cpus
-            dev.load(loaded)
+            self.use_class(bln)
 
     # -- choosing the type (§5) ------------------------------------------------------
 
@@ -463,18 +344,18 @@ class BalloonsPolicy:
         if not avail or avail.bit_count() < bdef.min_cpus:
             raise NotApplicable
         try:
-            bln = self._new_balloon(bdef)
+            bln = self.new_balloon(bdef)
         except BalloonsError as exc:
             log.debug("new-balloon: %s", exc)
             raise NotApplicable from None
         if bln.max_avail_milli(self.available(bdef)) < req:
-            self._delete(bln, append=False)
+            self.delete(bln, append=False)
             raise NotApplicable
         self.balloons.append(bln)
         self._share_idle()
         return bln
 
-    def _new_balloon(self, bdef: BalloonType) -> Balloon:
+    def new_balloon(self, bdef: BalloonType) -> Balloon:
         used = {b.instance for b in self.instances(bdef)}
         if bdef.max_balloons and len(used) >= bdef.max_balloons:
             raise BalloonsError(
@@ -483,68 +364,11 @@ class BalloonsPolicy:
             )
         instance = next(i for i in range(len(used) + 1) if i not in used)
         if bdef.components:
-            return self._new_composite(bdef, instance)
+            return new_composite(self, bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
         if bdef.min_cpus:
-            self._resize(bln, bdef.min_cpus * 1000)
+            self.resize(bln, bdef.min_cpus * 1000)
         return bln
-
-    def _new_composite(self, bdef: BalloonType, instance: int) -> Balloon:
-        """A composite balloon (upstream ``newCompositeBalloon``): one component
-        balloon per component type (``componentCreation`` ``""``/``all``), or only
-        the component type with the fewest instances (``balance-balloons``).
-        Component balloons live only in the composite's ``components``."""
-        comp_defs: list[BalloonType] = []
-        for comp in bdef.components:
-            comp_def = self.types.get(comp.balloon_type)
-            if comp_def is None:
-                raise BalloonsError(
-                    f"unknown balloon definition {quote(comp.balloon_type)} in composite "
-                    f"balloon {quote(bdef.name)}"
-                )
-            comp_defs.append(comp_def)
-        if bdef.component_creation == "balance-balloons":
-            counts = [len(self._including_components(d)) for d in comp_defs]
-            log.debug("instance-components of composite balloon %s: %s", bdef.name, counts)
-            comp_defs = [comp_defs[counts.index(min(counts))]]
-        elif bdef.component_creation not in ("", "all"):
-            raise BalloonsError(
-                f"unknown ComponentCreation mode {quote(bdef.component_creation)} in "
-                f"composite balloon {quote(bdef.name)}"
-            )
-        bln = Balloon(bdef=bdef, instance=instance)
-        for comp_def in comp_defs:
-            try:
-                part = self._new_balloon(comp_def)
-            except BalloonsError as exc:
-                self._delete(bln)
-                raise BalloonsError(
-                    f"failed to create component balloon {quote(comp_def.name)} for composite "
-                    f"balloon {quote(bdef.name)}: {exc}"
-                ) from None
-            bln.components.append(part)
-            bln.cpus |= part.cpus
-            log.debug("created component balloon %s of composite balloon %s", part.name, bdef.name)
-        try:
-            self._resize(bln, bdef.min_cpus * 1000)
-        except BalloonsError:
-            self._delete(bln)
-            raise
-        return bln
-
-    def _including_components(self, bdef: BalloonType) -> list[Balloon]:
-        """Balloons, top-level or components, of ``bdef`` or of any type in its
-        components, recursively (upstream ``balloonsByDefIncludingComponents``)."""
-        names: set[str] = set()
-        todo = [bdef]
-        while todo:
-            d = todo.pop()
-            names.add(d.name)
-            for comp in d.components:
-                sub = self.types.get(comp.balloon_type)
-                if sub is not None and sub.name not in names:
-                    todo.append(sub)
-        return [b for top in self.balloons for b in top.walk() if b.bdef.name in names]
 
     # -- sizing (§7) -----------------------------------------------------------------
 
@@ -557,15 +381,17 @@ class BalloonsPolicy:
             return self.free
         return self.free & ~self.reserved
 
-    def _resize(self, bln: Balloon, milli: int, exclude: int | None = None) -> None:
-        """Resize ``bln`` to fit ``milli`` mCPU. ``exclude``: CPUs it may not take
+    def resize(self, bln: Balloon, milli: int, exclude: int | None = None) -> None:
+        """Resize ``bln`` to fit ``milli`` mCPU (upstream ``resizeBalloon``): the
+        CPU count it needs, clamped to its type's min/maxCPUs, then
+        :meth:`inflate` or :meth:`deflate`. ``exclude``: CPUs it may not take
         (by default the reserved cpuset unless it is the reserved balloon; the
         components of a composite inherit the composite's)."""
         if exclude is None:
             assert self.config is not None
             exclude = 0 if bln.bdef.name == self.config.reserved_type.name else self.reserved
         if bln.components:
-            self._resize_composite(bln, milli, exclude)
+            resize_composite(self, bln, milli, exclude)
             return
         bdef = bln.bdef
         count = math.ceil(milli / 1000)
@@ -578,76 +404,54 @@ class BalloonsPolicy:
             return
         log.debug("resize %s to fit %d mCPU", bln.name, milli)
         log.debug("- change size from %d to %d full cpus", current, count)
-        self._forget_class(bln.cpus)
+        self.forget_class(bln.cpus)
         try:
-            self._resize_cpus(bln, delta, exclude)
+            if delta > 0:
+                self.inflate(bln, delta, exclude)
+            else:
+                self.deflate(bln, -delta)
         finally:
-            self._use_class(bln)
+            self.use_class(bln)
         if delta > 0:
             self.cpu_classes.pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
 
-    def _resize_cpus(self, bln: Balloon, delta: int, exclude: int) -> None:
+    def inflate(self, bln: Balloon, count: int, exclude: int) -> None:
+        """Give ``bln`` ``count`` more CPUs, free ones but ``exclude`` (upstream
+        ``resizeBalloon`` growing): the CPU tree narrows the choice down, steered by
+        the type's hints and its cpuClass's hints for this resize."""
         bdef = bln.bdef
-        tree = self.trees[bdef.name]
-        self._load_devices_for(bdef)
-        if delta > 0:
-            free = self.free & ~exclude
-            hints = self.cpu_classes.hints(self.balloon_class(bdef), delta, free, bln.cpus)
-            prefer: list[Hint] = []
-            avoid: list[Hint] = []
-            for i, (name, sets) in enumerate(hints.prefer):
-                log.debug("cpuclass hint: prefer %s -> %s", quote(name), _sets(sets))
-                prefer.append(VirtualDevice(f"__cls_pref_{i}_{name}", sets))
-            for i, (name, cpus) in enumerate(hints.avoid):
-                log.debug("cpuclass hint: avoid %s -> %s", quote(name), cpuset.format(cpus))
-                avoid.append(VirtualDevice(f"__cls_avoid_{i}_{name}", [cpus]))
-            try:
-                add = tree.resize(bln.cpus, free, delta, prefer=prefer, avoid=avoid)
-            except ResizeError as exc:
-                raise BalloonsError(
-                    f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
-                    f"cpuset for allocating additional {delta} CPUs: {exc}"
-                ) from None
-            self.free &= ~add
-            bln.cpus |= add
-        else:
-            try:
-                remove = tree.resize(bln.cpus, self.free, delta)
-            except ResizeError as exc:
-                raise BalloonsError(
-                    f"resizing balloon {bln.name} failed: resize/deflate: failed to choose a "
-                    f"cpuset for releasing {-delta} CPUs: {exc}"
-                ) from None
-            bln.cpus &= ~remove
-            self.free |= remove
-
-    def _resize_composite(self, bln: Balloon, milli: int, exclude: int) -> None:
-        """Upstream ``resizeCompositeBalloon``: every component gets an equal
-        (integer) share of ``milli``; the composite's own min/maxCPUs do not
-        clamp it. All or nothing: a failing component rolls every one back."""
-        per_component = milli // len(bln.components)
-        saved_free = self.free
-        saved = [(b, b.cpus) for b in bln.walk()]
+        tree = self.placement.trees.for_resize(bdef, self.balloons)
+        free = self.free & ~exclude
+        hints = self.cpu_classes.hints(self.balloon_class(bdef), count, free, bln.cpus)
+        prefer, avoid = class_hints(hints)
         try:
-            for comp in bln.components:
-                self._resize(comp, per_component, exclude)
-        except BalloonsError as exc:
-            taken = functools.reduce(operator.or_, (b.cpus for b, _ in saved), 0)
-            self.free = saved_free
-            for b, cpus in saved:
-                b.cpus = cpus
-            self._forget_class(taken & saved_free)
-            self._use_class(bln)
-            raise BalloonsError(f"resize composite balloon {bln.name}: {exc}") from None
-        cpus = 0
-        for comp in bln.components:
-            cpus |= comp.cpus
-        bln.cpus = cpus
+            add = tree.resize(bln.cpus, free, count, prefer=prefer, avoid=avoid)
+        except ResizeError as exc:
+            raise BalloonsError(
+                f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
+                f"cpuset for allocating additional {count} CPUs: {exc}"
+            ) from None
+        self.free &= ~add
+        bln.cpus |= add
 
-    def _delete(self, bln: Balloon, append: bool = True) -> None:
+    def deflate(self, bln: Balloon, count: int) -> None:
+        """Take ``count`` CPUs from ``bln`` back to the free ones (upstream
+        ``resizeBalloon`` shrinking)."""
+        tree = self.placement.trees.for_resize(bln.bdef, self.balloons)
+        try:
+            remove = tree.resize(bln.cpus, self.free, -count)
+        except ResizeError as exc:
+            raise BalloonsError(
+                f"resizing balloon {bln.name} failed: resize/deflate: failed to choose a "
+                f"cpuset for releasing {count} CPUs: {exc}"
+            ) from None
+        bln.cpus &= ~remove
+        self.free |= remove
+
+    def delete(self, bln: Balloon, append: bool = True) -> None:
         log.debug("deleting balloon %s", bln.name)
         for b in bln.walk():
-            self._forget_class(b.cpus)
+            self.forget_class(b.cpus)
             self.free |= b.cpus
             b.cpus = 0
         if bln in self.balloons:
@@ -700,10 +504,10 @@ class BalloonsPolicy:
         need = member.request + bln.requested
         if bln.cpus.bit_count() * 1000 < max(1, need):
             try:
-                self._resize(bln, max(1, need))
+                self.resize(bln, max(1, need))
             except BalloonsError:
                 if not bln.members and len(self.instances(bdef)) > bdef.min_balloons:
-                    self._delete(bln)  # created for this container: do not keep it
+                    self.delete(bln)  # created for this container: do not keep it
                     self._share_idle()
                 raise
         bln.members[member.id] = member
@@ -729,11 +533,11 @@ class BalloonsPolicy:
         try:
             if not bln.members:
                 log.debug("all containers removed, free balloon allocation %s", bln.name)
-                self._resize(bln, 0)
+                self.resize(bln, 0)
                 if len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
-                    self._delete(bln)
+                    self.delete(bln)
             else:
-                self._resize(bln, max(1, bln.requested))
+                self.resize(bln, max(1, bln.requested))
         except BalloonsError as exc:
             log.warning("failed to deflate balloon %s: %s", bln.name, exc)
         self._share_idle()
@@ -796,7 +600,7 @@ class BalloonsPolicy:
         self.owner = {m: b for b in balloons for m in b.members}
         for bln in list(self.balloons):
             if not bln.members and len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
-                self._delete(bln)
+                self.delete(bln)
         self._share_idle()
         self.apply_cpu_classes()
         return set(self.owner)
@@ -805,49 +609,9 @@ class BalloonsPolicy:
         return iter(self.balloons)
 
 
-def _placement_view(spec: BalloonsPolicySpec) -> BalloonsPolicySpec:
-    """The configuration without what does not affect placement (upstream
-    ``changesBalloons``): CPU and scheduling classes, policy-wide and per
-    type. The legacy ``control.cpu.classes`` are cpuClasses too."""
-    replace = msgspec.structs.replace
-    return replace(
-        spec,
-        idle_cpu_class="",
-        turbo_domain="",
-        cpu_classes=[],
-        scheduling_classes=[],
-        control=replace(spec.control, cpu=None),
-        balloon_types=[replace(bt, cpu_class="", scheduling_class="") for bt in spec.balloon_types],
-    )
-
-
-def _adder(devices: list[LoadedDevice]) -> Callable[[int], None]:
-    """The tree allocator's per-CPU hook for ``overloadsLevelInBalloon`` loads."""
-
-    def add(cpus: int) -> None:
-        for dev in devices:
-            dev.add(cpus)
-
-    return add
-
-
-def _pick(value: bool | None, default: bool) -> bool:
-    return default if value is None else value
-
-
 def _priority(bdef: BalloonType) -> str:
     prio = bdef.allocator_priority or "none"
     return prio if prio in PRIORITY_ORDER else "none"
-
-
-def _masks(resolver: DeviceResolver, devices: list[str]) -> list[int]:
-    out = []
-    for dev in devices:
-        mask = resolver.cpus(dev)
-        if mask is None:
-            continue
-        out.append(mask)
-    return out
 
 
 def _pretty(pod: Pod, container: Container) -> str:
