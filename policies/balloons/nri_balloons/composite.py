@@ -10,6 +10,7 @@ import logging
 import operator
 from typing import TYPE_CHECKING
 
+from nri_balloons import balloonclass
 from nri_balloons.balloon import Balloon
 from nri_balloons.config import BalloonType
 from nri_balloons.errors import BalloonsError
@@ -97,8 +98,8 @@ def resize_composite(policy: BalloonsPolicy, bln: Balloon, milli: int, exclude: 
         policy.free = saved_free
         for b, cpus in saved:
             b.cpus = cpus
-        policy.forget_class(taken & saved_free)
-        policy.use_class(bln)
+        balloonclass.forget(policy.cpu_classes, taken & saved_free)
+        balloonclass.use(policy.cpu_classes, bln)
         raise BalloonsError(f"resize composite balloon {bln.name}: {exc}") from None
     cpus = 0
     for comp in bln.components:

@@ -18,11 +18,12 @@ from nri_framework.model import Container, Pod
 from nri_framework.topology import Topology
 
 from nri_balloons import annotations as ann
+from nri_balloons import balloonclass
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.composite import new_composite, resize_composite
-from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
+from nri_balloons.config import BalloonsPolicySpec, BalloonType
 from nri_balloons.containers import limit_milli, request_milli
-from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
+from nri_balloons.cpuclass import CpuClassHandler, Writer
 from nri_balloons.cputree import ResizeError
 from nri_balloons.errors import BalloonsError
 from nri_balloons.expression import Subject
@@ -164,61 +165,18 @@ class BalloonsPolicy:
         self._configure_classes(prepared.spec, strict=False)
         self.apply_cpu_classes()
 
-    # -- cpuClasses (§12.1 balloons mapping) -------------------------------------------
+    # -- cpuClasses (§12.1 balloons mapping: nri_balloons.balloonclass) ----------------
 
     def _configure_classes(self, spec: BalloonsPolicySpec, strict: bool) -> None:
-        idle = spec.idle_cpu_class
-        if not idle and any(cc.name == DEFAULT for cc in spec.cpu_classes):
-            idle = DEFAULT
-        try:
-            self.cpu_classes.configure(spec.cpu_classes, spec.turbo_domain, self.allowed, idle)
-        except CpuClassError as exc:
-            if strict:
-                raise BalloonsError(f"failed to configure CPU class handler: {exc}") from None
-            log.warning("failed to reconfigure CPU class handler: %s", exc)
+        balloonclass.configure(self.cpu_classes, spec, self.allowed, strict)
 
     def balloon_class(self, bdef: BalloonType) -> str:
         """The type's ``cpuClass``, else ``default`` if defined, else none."""
-        if bdef.cpu_class:
-            return bdef.cpu_class
-        return DEFAULT if self.cpu_classes.known(DEFAULT) else ""
-
-    def use_class(self, bln: Balloon) -> None:
-        for b in bln.walk():
-            if b.components or not b.cpus:
-                continue
-            name = self.balloon_class(b.bdef)
-            log.debug(
-                "apply CPU class %s on CPUs %s of %s",
-                quote(name),
-                quote(cpuset.format(b.cpus)),
-                quote(b.name),
-            )
-            self.cpu_classes.use(b.cpus, name)
-
-    def forget_class(self, cpus: int) -> None:
-        if not cpus:
-            return
-        log.debug(
-            "forget class of cpus %s (idle class %s)",
-            quote(cpuset.format(cpus)),
-            quote(self.cpu_classes.idle_class),
-        )
-        self.cpu_classes.forget(cpus)
+        return balloonclass.class_of(self.cpu_classes, bdef)
 
     def apply_cpu_classes(self) -> None:
-        """The idle class on every allowed CPU, then each balloon's class
-        (upstream ``resetCpuClass`` + ``useCpuClass`` of every balloon):
-        ``idleCPUClass``, else ``default`` if defined, else none."""
-        log.debug(
-            "reset class of available cpus: %s to idle class %s (reserved: %s)",
-            quote(cpuset.format(self.allowed)),
-            quote(self.cpu_classes.idle_class),
-            quote(cpuset.format(self.reserved)),
-        )
-        self.cpu_classes.reset()
-        for bln in self.balloons:
-            self.use_class(bln)
+        """The idle class on every allowed CPU, then each balloon's class."""
+        balloonclass.reset(self.cpu_classes, self.balloons, self.allowed, self.reserved)
 
     # -- choosing the type (§5) ------------------------------------------------------
 
@@ -404,14 +362,14 @@ class BalloonsPolicy:
             return
         log.debug("resize %s to fit %d mCPU", bln.name, milli)
         log.debug("- change size from %d to %d full cpus", current, count)
-        self.forget_class(bln.cpus)
+        balloonclass.forget(self.cpu_classes, bln.cpus)
         try:
             if delta > 0:
                 self.inflate(bln, delta, exclude)
             else:
                 self.deflate(bln, -delta)
         finally:
-            self.use_class(bln)
+            balloonclass.use(self.cpu_classes, bln)
         if delta > 0:
             self.cpu_classes.pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
 
@@ -451,7 +409,7 @@ class BalloonsPolicy:
     def delete(self, bln: Balloon, append: bool = True) -> None:
         log.debug("deleting balloon %s", bln.name)
         for b in bln.walk():
-            self.forget_class(b.cpus)
+            balloonclass.forget(self.cpu_classes, b.cpus)
             self.free |= b.cpus
             b.cpus = 0
         if bln in self.balloons:
