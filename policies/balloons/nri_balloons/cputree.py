@@ -55,6 +55,7 @@ from nri_balloons.flattree import flat_tree
 log = logging.getLogger("nri_balloons.cputree")
 
 __all__ = [
+    "NO_HINTS",
     "CpuTreeAllocator",
     "Hint",
     "OnCpuPick",
@@ -76,6 +77,9 @@ class ResizeHints:
 
     prefer: tuple[Hint, ...] = ()
     avoid: tuple[Hint, ...] = ()
+
+
+NO_HINTS = ResizeHints()
 
 
 OnCpuPick = Callable[[int], None]
@@ -116,7 +120,8 @@ class CpuTreeAllocator:
 
     The options are the balloon type's (upstream ``allocatorOptions``), plain
     attributes read at each resize; the hints of one resize only (cpuClass hints)
-    are arguments of :meth:`resize` and :meth:`candidates`, after the type's own.
+    are an argument of :meth:`resize` and :meth:`candidates` (:class:`ResizeHints`),
+    used after the type's own.
     ``cpu_allocator`` is shared by all balloons of a policy (one is made when
     omitted); ``allocator_priority`` is the balloon type's ``allocatorPriority``."""
 
@@ -168,36 +173,22 @@ class CpuTreeAllocator:
 
     # -- API ------------------------------------------------------------------
 
-    def resize(
-        self,
-        current: int,
-        free: int,
-        delta: int,
-        *,
-        prefer: Sequence[Hint] = (),
-        avoid: Sequence[Hint] = (),
-    ) -> int:
+    def resize(self, current: int, free: int, delta: int, hints: ResizeHints = NO_HINTS) -> int:
         """The CPUs to add to ``current`` (``delta > 0``, a subset of ``free``) or to
         remove from it (``delta < 0``, a subset of ``current``), exactly ``|delta|``
         of them; 0 for ``delta == 0``. CPUs outside the topology are ignored in
-        both sets. ``prefer``/``avoid``: hints of this resize only, after
-        ``prefer_close_to``/``prefer_far_from``. Raises :class:`ResizeError`."""
+        both sets. ``hints``: those of this resize only, after the allocator's own
+        (``prefer_close_to``/``prefer_far_from``). Raises :class:`ResizeError`."""
         if delta > 0:
-            add_from, _ = self.candidates(current, free, delta, prefer=prefer, avoid=avoid)
+            add_from, _ = self.candidates(current, free, delta, hints)
             return self.cpu_allocator.allocate(add_from, delta, self.allocator_priority)
         if delta < 0:
-            _, remove_from = self.candidates(current, free, delta, prefer=prefer, avoid=avoid)
+            _, remove_from = self.candidates(current, free, delta, hints)
             return self.cpu_allocator.release(remove_from, -delta, self.allocator_priority)
         return 0
 
     def candidates(
-        self,
-        current: int,
-        free: int,
-        delta: int,
-        *,
-        prefer: Sequence[Hint] = (),
-        avoid: Sequence[Hint] = (),
+        self, current: int, free: int, delta: int, hints: ResizeHints = NO_HINTS
     ) -> tuple[int, int]:
         """``ResizeCpus``: ``(add_from, remove_from)``; inflate picks ``delta`` CPUs
         of ``add_from`` (a subset of ``free``, possibly larger than ``delta``),
@@ -205,7 +196,7 @@ class CpuTreeAllocator:
         online = self.topology.online
         current &= online
         free &= online & ~current
-        return self._next(0, ResizeHints(tuple(prefer), tuple(avoid)), current, free, delta)
+        return self._next(0, hints, current, free, delta)
 
     # -- the chain --------------------------------------------------------------
 

@@ -381,9 +381,8 @@ class BalloonsPolicy:
         tree = self.placement.trees.for_resize(bdef, self.balloons)
         free = self.free & ~exclude
         hints = self.cpu_classes.hints(self.balloon_class(bdef), count, free, bln.cpus)
-        prefer, avoid = class_hints(hints)
         try:
-            add = tree.resize(bln.cpus, free, count, prefer=prefer, avoid=avoid)
+            add = tree.resize(bln.cpus, free, count, class_hints(hints))
         except ResizeError as exc:
             raise BalloonsError(
                 f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "

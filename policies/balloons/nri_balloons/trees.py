@@ -17,7 +17,7 @@ from nri_balloons.balloon import Balloon
 from nri_balloons.config import BalloonType
 from nri_balloons.cpuallocator import CpuAllocator
 from nri_balloons.cpupriority import CpuPriority
-from nri_balloons.cputree import CpuTreeAllocator, Hint
+from nri_balloons.cputree import CpuTreeAllocator, Hint, ResizeHints
 from nri_balloons.devices import (
     DeviceResolver,
     LoadedDevice,
@@ -108,9 +108,9 @@ def build_trees(
     return out
 
 
-def class_hints(hints: Hints) -> tuple[list[Hint], list[Hint]]:
-    """A cpuClass's hints for one inflate as the tree's ``prefer`` and ``avoid``
-    arguments (virtual devices named after the class they come from)."""
+def class_hints(hints: Hints) -> ResizeHints:
+    """A cpuClass's hints for one inflate as the tree's hints of that resize
+    (virtual devices named after the class they come from)."""
     prefer: list[Hint] = []
     avoid: list[Hint] = []
     for i, (name, sets) in enumerate(hints.prefer):
@@ -119,7 +119,7 @@ def class_hints(hints: Hints) -> tuple[list[Hint], list[Hint]]:
     for i, (name, cpus) in enumerate(hints.avoid):
         log.debug("cpuclass hint: avoid %s -> %s", quote(name), cpuset.format(cpus))
         avoid.append(VirtualDevice(f"__cls_avoid_{i}_{name}", [cpus]))
-    return prefer, avoid
+    return ResizeHints(tuple(prefer), tuple(avoid))
 
 
 def _sets(sets: Sequence[int]) -> str:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nri_balloons.cpuallocator import ResizeError
 from nri_balloons.cpupriority import CpuPriority
-from nri_balloons.cputree import CpuTreeAllocator, ResizeHints, cpu_locations
+from nri_balloons.cputree import NO_HINTS, CpuTreeAllocator, ResizeHints, cpu_locations
 from nri_balloons.devices import LoadedDevice, VirtualDevice, loaded_cpus
 from nri_balloons.flattree import FlatTree, flat_tree
 from nri_framework import cpuset
@@ -506,7 +506,7 @@ def test_max_local_set_matches_upstream_sort(
     expected = _reference_max_local_set(
         _reference_tree(topo, spread), current, free, delta, balancing
     )
-    assert alloc._max_local_set(5, ResizeHints(), current, free, delta) == expected
+    assert alloc._max_local_set(5, NO_HINTS, current, free, delta) == expected
 
 
 def test_split_level() -> None:
@@ -774,10 +774,10 @@ def test_hints_of_one_resize_are_arguments() -> None:
     alloc = fresh(topo, prefer_close_to=[P("0-7")])
     close, far = list(alloc.prefer_close_to), list(alloc.prefer_far_from)
     pref = VirtualDevice("__cls_pref_0_hp", [P("4-5")])
-    assert alloc.resize(0, topo.online, 2, prefer=[pref]) == P("4-5")
-    assert alloc.resize(0, topo.online, 2, avoid=[P("0-5")]) == P("6-7")
+    assert alloc.resize(0, topo.online, 2, ResizeHints(prefer=(pref,))) == P("4-5")
+    assert alloc.resize(0, topo.online, 2, ResizeHints(avoid=(P("0-5"),))) == P("6-7")
     # the type's hint comes first and wins a conflict
-    assert alloc.resize(0, topo.online, 2, prefer=[P("12-13")]) == P("0-1")
+    assert alloc.resize(0, topo.online, 2, ResizeHints(prefer=(P("12-13"),))) == P("0-1")
     assert alloc.prefer_close_to == close and alloc.prefer_far_from == far
     assert alloc.resize(0, topo.online, 2) == P("0-1")  # no hint left behind
 
