@@ -1,8 +1,15 @@
-"""The balloons policy proper: balloon types, instances, sizing, pinning.
+"""The balloons policy proper: its decisions. Choose a balloon type (§5) and an
+instance (§6, :mod:`~nri_balloons.fillmethod`), inflate and deflate balloons
+(§7), allocate and release containers, pin them (§9).
 
 No NRI and no pluggy here: :mod:`nri_balloons.plugin` adapts the hooks. The
 behaviour follows upstream's ``balloons-policy.go`` (reference §3, §5-§9,
-§14); section numbers in comments point at ``nri-plugins-balloons.md``.
+§14); section numbers in comments point at ``nri-plugins-balloons.md``. Beside
+it: the running state (:mod:`~nri_balloons.placement`, with the CPU trees of
+:mod:`~nri_balloons.trees`), composites (:mod:`~nri_balloons.composite`), the
+balloons' cpuClasses (:mod:`~nri_balloons.balloonclass`), the saved state
+(:mod:`~nri_balloons.state`), NRT zones (:mod:`~nri_balloons.nrt`) and extended
+resources (:mod:`~nri_balloons.extres`).
 """
 
 from __future__ import annotations

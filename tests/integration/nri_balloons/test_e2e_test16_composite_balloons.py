@@ -4,7 +4,7 @@ deflating), composite balloons deleted when emptied, ``componentCreation:
 balance-balloons`` choosing the least used component (node order 2-3-0-1 and
 reuse), and a composite reserved balloon next to a CPU's L1 cache.
 
-The NRT ``excess cpus`` check (3000m) reads :meth:`BalloonsPolicy.zones` of a
+The NRT ``excess cpus`` check (3000m) reads :func:`nri_balloons.nrt.zones` of a
 policy given the same configuration and pod0 (no NRT agent in the simulator).
 """
 
