@@ -67,9 +67,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from nri_framework import __version__
-
-# MetricFamily's home is the contract; nri_balloons/observe.py (developer F) still
-# imports it from here
 from nri_framework.contract import MetricFamily
 from nri_framework.nri.versions import synchronizes_prelaunched
 from nri_framework.startup import journal_obstacle

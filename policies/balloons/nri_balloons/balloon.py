@@ -6,15 +6,15 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 from nri_framework import cpuset
 
 from nri_balloons.config import BalloonType
-from nri_balloons.cpus import max_avail_milli_cpus
+from nri_balloons.sizing import max_avail_milli_cpus
 
 
-@dataclass
-class Member:
-    """A container assigned to a balloon."""
+class Member(msgspec.Struct):
+    """A container assigned to a balloon (saved as it is: :mod:`nri_balloons.state`)."""
 
     id: str
     pod_id: str

@@ -1,4 +1,5 @@
-"""Facts about a container the balloons policy derives from the domain model.
+"""Facts about a container the balloons policy derives from the domain model:
+its CPU request and limit in mCPU, its QoS class.
 
 :func:`qos_class` is the Kubernetes QoS class of a container's pod, as
 upstream's cache computes it: from the pod's cgroup parent, which the kubelet
@@ -12,10 +13,16 @@ request (2 for no request), CFS quota from the CPU limit, the memory limit.
 
 from __future__ import annotations
 
-from nri_framework.kubelet_cpu import MIN_SHARES, QOSClass, cpu_shares
+from nri_framework.kubelet_cpu import (
+    MIN_SHARES,
+    QOSClass,
+    cpu_shares,
+    quota_to_milli_cpu,
+    shares_to_milli_cpu,
+)
 from nri_framework.model import Container, Pod
 
-__all__ = ["QOSClass", "qos_class"]
+__all__ = ["QOSClass", "limit_milli", "qos_class", "request_milli"]
 
 
 def _qos_from_cgroup_parent(parent: str) -> QOSClass:
@@ -54,3 +61,14 @@ def qos_class(pod: Pod | None, container: Container | None = None) -> QOSClass:
     if container is not None:
         return _qos_from_resources(container)
     return QOSClass.GUARANTEED
+
+
+def request_milli(container: Container) -> int:
+    """The CPU request in mCPU, from the CFS shares the kubelet derived from it."""
+    cpu = container.resources.cpu if container.resources else None
+    return shares_to_milli_cpu(cpu.shares or 0) if cpu else 0
+
+
+def limit_milli(container: Container) -> int:
+    cpu = container.resources.cpu if container.resources else None
+    return quota_to_milli_cpu(cpu.quota or 0, cpu.period or 0) if cpu else 0

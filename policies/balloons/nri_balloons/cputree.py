@@ -3,7 +3,7 @@
 A :class:`CpuTreeAllocator` belongs to one balloon. :meth:`CpuTreeAllocator.resize`
 answers "which CPUs should this balloon gain (``delta > 0``) or give up
 (``delta < 0``)": the resizer chain of ``ResizeCpus`` narrows the choice down to a
-candidate set, then the shared :class:`~nri_balloons.cpus.CpuAllocator` makes the
+candidate set, then the shared :class:`~nri_balloons.cpuallocator.CpuAllocator` makes the
 exact pick (``AllocateCpus``/``ReleaseCpus``), as ``resizeBalloon`` does upstream.
 :meth:`CpuTreeAllocator.candidates` is ``ResizeCpus`` alone.
 
@@ -40,23 +40,27 @@ max-local-set step is used for deflate too.
 from __future__ import annotations
 
 import logging
-import weakref
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nri_framework import cpuset
 from nri_framework.topology import Topology, TreeNode
 
-from nri_balloons.cpus import CpuAllocator, CpuPriority, ResizeError, VirtualDevice
+from nri_balloons.cpuallocator import CpuAllocator, ResizeError
+from nri_balloons.cpupriority import CpuPriority
+from nri_balloons.devices import VirtualDevice
+from nri_balloons.flattree import flat_tree
 
 log = logging.getLogger("nri_balloons.cputree")
 
 __all__ = [
+    "NO_HINTS",
     "CpuTreeAllocator",
     "Hint",
     "OnCpuPick",
     "ResizeError",
+    "ResizeHints",
     "cpu_locations",
 ]
 
@@ -65,164 +69,24 @@ Hint = int | VirtualDevice | Sequence[int]
 whose ``cpusets`` are read at every resize. An empty list is no hint at all; the
 mask 0 is a hint that never fits (as a virtual device with an empty set upstream)."""
 
+
+@dataclass(frozen=True, slots=True)
+class ResizeHints:
+    """The hints of one resize, passed down the chain: ``prefer`` after the type's
+    ``prefer_close_to``, ``avoid`` after its ``prefer_far_from``."""
+
+    prefer: tuple[Hint, ...] = ()
+    avoid: tuple[Hint, ...] = ()
+
+
+NO_HINTS = ResizeHints()
+
+
 OnCpuPick = Callable[[int], None]
 """Called with the balloon's (growing) CPU set before a resize and after each
 single-CPU pick of an inflate (``deviceUpdateOnEveryCpu``)."""
 
 _F = cpuset.format
-
-
-# ---------------------------------------------------------------------------
-# the tree, flattened
-
-
-@dataclass(frozen=True, slots=True)
-class _FlatTree:
-    """The CPU tree in preorder. ``end[i]`` is the index after node ``i``'s subtree;
-    ``parent`` of the root is ``len(masks)`` (a slot holding the empty path)."""
-
-    masks: tuple[int, ...]
-    sizes: tuple[int, ...]
-    depth: tuple[int, ...]
-    parent: tuple[int, ...]
-    end: tuple[int, ...]
-    names: tuple[str, ...]
-    rank: tuple[int, ...]
-    """Position of the node's name in ascending order of the distinct names."""
-    base: tuple[int, ...]
-    """Lowest CPU of the node."""
-    rel: tuple[int, ...]
-    """The node's CPUs shifted down by its ``base``."""
-    shift: tuple[int, ...]
-    """``base`` minus the parent's ``base`` (the root's own ``base``)."""
-    leaves: tuple[tuple[tuple[int, int], ...], ...]
-    """For a node whose children are all leaves: ``(1 << (cpu - base), child)`` of
-    each child in ascending name order; empty for other nodes."""
-
-
-def _flatten(root: TreeNode, classes: dict[int, int] | None) -> _FlatTree:
-    masks: list[int] = []
-    depth: list[int] = []
-    parent: list[int] = []
-    end: list[int] = []
-    names: list[str] = []
-
-    def add(name: str, mask: int, d: int, par: int) -> int:
-        masks.append(mask)
-        depth.append(d)
-        parent.append(par)
-        end.append(0)
-        names.append(name)
-        return len(masks) - 1
-
-    def visit(node: TreeNode, d: int, par: int, class_mask: int) -> None:
-        mask = node.cpus & class_mask
-        if not mask:
-            return  # masked out by a class split: cut the branch
-        i = add(node.name, mask, d, par)
-        if classes is not None and node.level == "numa" and class_mask == -1:
-            for k in sorted(classes):
-                cmask = mask & classes[k]
-                if not cmask:
-                    continue
-                j = add(f"{node.name}class{k}", cmask, d + 1, i)
-                for child in node.children:
-                    visit(child, d + 2, j, classes[k])
-                end[j] = len(masks)
-        else:
-            for child in node.children:
-                visit(child, d + 1, i, class_mask)
-        end[i] = len(masks)
-
-    visit(root, 0, -1, -1)
-    masks, depth, parent, end, names = _drop_trivial_levels(masks, depth, parent, end, names)
-    n = len(masks)
-    parent[0] = n
-    # Dense ranks: the copies of a node in the classes of a split share its name,
-    # and a full tie goes to the first node in preorder.
-    order = {name: r for r, name in enumerate(sorted(set(names)))}
-    rank = [order[name] for name in names]
-    base = [(m & -m).bit_length() - 1 for m in masks]
-    shift = [base[i] - (base[parent[i]] if i else 0) for i in range(n)]
-    leaves: list[tuple[tuple[int, int], ...]] = [()] * n
-    for i in range(n):
-        kids = []
-        j = i + 1
-        while j < end[i]:
-            kids.append(j)
-            j = end[j]
-        if kids and all(end[k] == k + 1 for k in kids):
-            kids.sort(key=rank.__getitem__)
-            leaves[i] = tuple((1 << (base[k] - base[i]), k) for k in kids)
-    return _FlatTree(
-        masks=tuple(masks),
-        sizes=tuple(m.bit_count() for m in masks),
-        depth=tuple(depth),
-        parent=tuple(parent),
-        end=tuple(end),
-        names=tuple(names),
-        rank=tuple(rank),
-        base=tuple(base),
-        rel=tuple(m >> b for m, b in zip(masks, base, strict=True)),
-        shift=tuple(shift),
-        leaves=tuple(leaves),
-    )
-
-
-def _drop_trivial_levels(
-    masks: list[int], depth: list[int], parent: list[int], end: list[int], names: list[str]
-) -> tuple[list[int], list[int], list[int], list[int], list[str]]:
-    """Remove every tree level (but the root) whose nodes all have one child with
-    the same CPUs: an L2 cache holding one core, a core with one thread, the copies
-    of both in a class split. Such a node passes the max-local-set filter exactly
-    when its child does, and the child is deeper, so it can never be chosen; the
-    removed count is the same for all nodes of the level, so the order of the
-    remaining nodes does not change either."""
-    n = len(masks)
-    single_same = [
-        end[i] > i + 1 and end[i + 1] == end[i] and masks[i + 1] == masks[i] for i in range(n)
-    ]
-    trivial: set[int] = set()
-    for d in range(1, max(depth) + 1):
-        level = [i for i in range(n) if depth[i] == d]
-        if level and all(single_same[i] for i in level):
-            trivial.add(d)
-    if not trivial:
-        return masks, depth, parent, end, names
-    kept_before = [0] * (n + 1)
-    for i in range(n):
-        kept_before[i + 1] = kept_before[i] + (depth[i] not in trivial)
-    new: tuple[list[int], list[int], list[int], list[int], list[str]] = ([], [], [], [], [])
-    for i in range(n):
-        d = depth[i]
-        if d in trivial:
-            continue
-        p = parent[i]
-        while p >= 0 and depth[p] in trivial:
-            p = parent[p]
-        new[0].append(masks[i])
-        new[1].append(d - sum(1 for t in trivial if t < d))
-        new[2].append(kept_before[p] if p >= 0 else -1)
-        new[3].append(kept_before[end[i]])
-        new[4].append(names[i])
-    return new
-
-
-_TREES: weakref.WeakKeyDictionary[Topology, dict[bool, _FlatTree]] = weakref.WeakKeyDictionary()
-
-
-def _flat_tree(topology: Topology, spread: bool) -> _FlatTree:
-    per_topology = _TREES.setdefault(topology, {})
-    tree = per_topology.get(spread)
-    if tree is None:
-        classes: dict[int, int] | None = None
-        if spread:
-            # SplitLevel(numa) by the thread's index among its core's threads.
-            classes = {}
-            for info in topology.cpus.values():
-                classes[info.thread] = classes.get(info.thread, 0) | 1 << info.id
-        tree = per_topology[spread] = _flatten(topology.tree(), classes)
-    return tree
 
 
 def cpu_locations(topology: Topology, cpus: int) -> list[list[str]]:
@@ -254,8 +118,10 @@ def _hint_cpusets(hint: Hint) -> Sequence[int]:
 class CpuTreeAllocator:
     """Chooses the CPUs a balloon gains or gives up (``cpuTreeAllocator``).
 
-    Every option is a plain attribute read at each resize, so the policy updates
-    hints in place before resizing, as upstream does with ``allocatorOptions``.
+    The options are the balloon type's (upstream ``allocatorOptions``), plain
+    attributes read at each resize; the hints of one resize only (cpuClass hints)
+    are an argument of :meth:`resize` and :meth:`candidates` (:class:`ResizeHints`),
+    used after the type's own.
     ``cpu_allocator`` is shared by all balloons of a policy (one is made when
     omitted); ``allocator_priority`` is the balloon type's ``allocatorPriority``."""
 
@@ -273,14 +139,14 @@ class CpuTreeAllocator:
     ) -> None:
         self.topology = topology
         self.topology_balancing = topology_balancing
-        self.prefer_close_to: MutableSequence[Hint] = list(prefer_close_to)
-        self.prefer_far_from: MutableSequence[Hint] = list(prefer_far_from)
+        self.prefer_close_to: Sequence[Hint] = list(prefer_close_to)
+        self.prefer_far_from: Sequence[Hint] = list(prefer_far_from)
         self.on_cpu_pick = on_cpu_pick
         self.allocator_priority = allocator_priority
         self.cpu_allocator = cpu_allocator if cpu_allocator is not None else CpuAllocator(topology)
         self._spread = prefer_spread_on_physical_cores
-        self._tree = _flat_tree(topology, self._spread)
-        self._resizers: tuple[Callable[[int, int, int, int], tuple[int, int]], ...] = (
+        self._tree = flat_tree(topology, self._spread)
+        self._resizers: tuple[Callable[[int, ResizeHints, int, int, int], tuple[int, int]], ...] = (
             self._only_if_necessary,
             self._dynamic_device_hints,
             self._devices,
@@ -296,7 +162,7 @@ class CpuTreeAllocator:
     @prefer_spread_on_physical_cores.setter
     def prefer_spread_on_physical_cores(self, value: bool) -> None:
         self._spread = value
-        self._tree = _flat_tree(self.topology, value)
+        self._tree = flat_tree(self.topology, value)
 
     def __repr__(self) -> str:
         return (
@@ -307,31 +173,36 @@ class CpuTreeAllocator:
 
     # -- API ------------------------------------------------------------------
 
-    def resize(self, current: int, free: int, delta: int) -> int:
+    def resize(self, current: int, free: int, delta: int, hints: ResizeHints = NO_HINTS) -> int:
         """The CPUs to add to ``current`` (``delta > 0``, a subset of ``free``) or to
         remove from it (``delta < 0``, a subset of ``current``), exactly ``|delta|``
         of them; 0 for ``delta == 0``. CPUs outside the topology are ignored in
-        both sets. Raises :class:`ResizeError`."""
+        both sets. ``hints``: those of this resize only, after the allocator's own
+        (``prefer_close_to``/``prefer_far_from``). Raises :class:`ResizeError`."""
         if delta > 0:
-            add_from, _ = self.candidates(current, free, delta)
+            add_from, _ = self.candidates(current, free, delta, hints)
             return self.cpu_allocator.allocate(add_from, delta, self.allocator_priority)
         if delta < 0:
-            _, remove_from = self.candidates(current, free, delta)
+            _, remove_from = self.candidates(current, free, delta, hints)
             return self.cpu_allocator.release(remove_from, -delta, self.allocator_priority)
         return 0
 
-    def candidates(self, current: int, free: int, delta: int) -> tuple[int, int]:
+    def candidates(
+        self, current: int, free: int, delta: int, hints: ResizeHints = NO_HINTS
+    ) -> tuple[int, int]:
         """``ResizeCpus``: ``(add_from, remove_from)``; inflate picks ``delta`` CPUs
         of ``add_from`` (a subset of ``free``, possibly larger than ``delta``),
         deflate ``-delta`` CPUs of ``remove_from`` (a subset of ``current``)."""
         online = self.topology.online
         current &= online
         free &= online & ~current
-        return self._next(0, current, free, delta)
+        return self._next(0, hints, current, free, delta)
 
     # -- the chain --------------------------------------------------------------
 
-    def _next(self, stage: int, current: int, free: int, delta: int) -> tuple[int, int]:
+    def _next(
+        self, stage: int, hints: ResizeHints, current: int, free: int, delta: int
+    ) -> tuple[int, int]:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "- resizer-%d(%r, %r, %d)",
@@ -340,9 +211,11 @@ class CpuTreeAllocator:
                 _F(free),
                 delta,
             )
-        return self._resizers[stage](stage + 1, current, free, delta)
+        return self._resizers[stage](stage + 1, hints, current, free, delta)
 
-    def _only_if_necessary(self, nxt: int, current: int, free: int, delta: int) -> tuple[int, int]:
+    def _only_if_necessary(
+        self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
+    ) -> tuple[int, int]:
         if delta == 0:
             return 0, 0
         if delta > 0:
@@ -361,20 +234,20 @@ class CpuTreeAllocator:
                 raise ResizeError(f"not enough current CPUs ({ncur}) to release {-delta} CPUs")
             if ncur == -delta:
                 return 0, current
-        return self._next(nxt, current, free, delta)
+        return self._next(nxt, hints, current, free, delta)
 
     def _dynamic_device_hints(
-        self, nxt: int, current: int, free: int, delta: int
+        self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
     ) -> tuple[int, int]:
         hook = self.on_cpu_pick
         if hook is None:
-            return self._next(nxt, current, free, delta)
+            return self._next(nxt, hints, current, free, delta)
         hook(current)
         if delta <= 0:
-            return self._next(nxt, current, free, delta)
+            return self._next(nxt, hints, current, free, delta)
         # Ask for all delta CPUs first: the lowest of that set is a good seed for
         # CPUs close to each other. Then pick one CPU at a time.
-        add_from, remove_from = self._next(nxt, current, free, delta)
+        add_from, remove_from = self._next(nxt, hints, current, free, delta)
         if add_from.bit_count() < delta:
             return add_from, remove_from
         added = 0
@@ -386,28 +259,30 @@ class CpuTreeAllocator:
             current |= cpu
             free &= ~current
             hook(current)
-            add_from, remove_from = self._next(nxt, current, free, 1)
+            add_from, remove_from = self._next(nxt, hints, current, free, 1)
             if not add_from:
                 return added, remove_from
         return added | add_from, remove_from
 
-    def _devices(self, nxt: int, current: int, free: int, delta: int) -> tuple[int, int]:
+    def _devices(
+        self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
+    ) -> tuple[int, int]:
         debug = log.isEnabledFor(logging.DEBUG)
         # All hint sets in priority order: the first ones win conflicts.
         hint_sets: list[Sequence[int]] = []
-        for hint in self.prefer_close_to:
+        for hint in (*self.prefer_close_to, *hints.prefer):
             sets = _hint_cpusets(hint)
             if sets:
                 if debug:
                     log.debug("  - prepare: close to %r, prefer cpusets: %s", hint, _fmt(sets))
                 hint_sets.append(sets)
-        for hint in self.prefer_far_from:
+        for hint in (*self.prefer_far_from, *hints.avoid):
             for far in _hint_cpusets(hint):
                 if debug:
                     log.debug("  - prepare: far from %r, prefer cpusets: %s", hint, _F(free & ~far))
                 hint_sets.append((free & ~far,))
         if not hint_sets:
-            return self._next(nxt, current, free, delta)
+            return self._next(nxt, hints, current, free, delta)
         if delta > 0:
             remaining = free
             applied = total = 0
@@ -436,7 +311,7 @@ class CpuTreeAllocator:
                     total,
                     _F(remaining),
                 )
-            return self._next(nxt, current, remaining, delta)
+            return self._next(nxt, hints, current, remaining, delta)
         if delta < 0:
             # Score current CPUs by the hints holding them; free the least hinted
             # for sure, let the rest of the chain choose among the tie group.
@@ -468,7 +343,7 @@ class CpuTreeAllocator:
                     -remaining_delta,
                     _F(maybe),
                 )
-            _, free_from_maybe = self._next(nxt, maybe, free, remaining_delta)
+            _, free_from_maybe = self._next(nxt, hints, maybe, free, remaining_delta)
             for cpu in cpuset.ids(free_from_maybe):
                 if for_sure.bit_count() >= -delta:
                     break
@@ -476,10 +351,12 @@ class CpuTreeAllocator:
             return free, for_sure
         return free, current
 
-    def _one_at_a_time(self, nxt: int, current: int, free: int, delta: int) -> tuple[int, int]:
+    def _one_at_a_time(
+        self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
+    ) -> tuple[int, int]:
         if delta > 0:
             try:
-                superset_add, superset_remove = self._next(nxt, current, free, delta)
+                superset_add, superset_remove = self._next(nxt, hints, current, free, delta)
             except ResizeError:
                 if not self._spread:
                     raise
@@ -490,7 +367,7 @@ class CpuTreeAllocator:
             # build the set one CPU at a time.
             add_from = 0
             for n in range(delta):
-                single, _ = self._next(nxt, current, free, 1)
+                single, _ = self._next(nxt, hints, current, free, 1)
                 if single.bit_count() != 1:
                     raise ResizeError(
                         "internal error: failed to find single CPU to allocate, "
@@ -510,7 +387,7 @@ class CpuTreeAllocator:
         # from which all of them could be released.
         remove_from = 0
         for n in range(-delta):
-            _, single = self._next(nxt, current, free, -1)
+            _, single = self._next(nxt, hints, current, free, -1)
             if single.bit_count() != 1:
                 raise ResizeError(
                     "internal error: failed to find single cpu to free, "
@@ -527,7 +404,9 @@ class CpuTreeAllocator:
             free |= single
         return 0, remove_from
 
-    def _max_local_set(self, nxt: int, current: int, free: int, delta: int) -> tuple[int, int]:
+    def _max_local_set(
+        self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
+    ) -> tuple[int, int]:
         """The best tree node that can give (take) ``|delta|`` CPUs.
 
         Upstream flattens the tree into per-node count vectors and sorts them
@@ -544,7 +423,7 @@ class CpuTreeAllocator:
           leaves of a node have equal count paths, so the first in name order is
           its best leaf;
         - levels whose nodes all have one child with the same CPUs were dropped
-          when the tree was flattened (see :func:`_drop_trivial_levels`)."""
+          when the tree was flattened (see :func:`drop_trivial_levels`)."""
         t = self._tree
         sizes, depth, parent, end, rank = t.sizes, t.depth, t.parent, t.end, t.rank
         rel, shift, leaves = t.rel, t.shift, t.leaves
@@ -628,9 +507,11 @@ class CpuTreeAllocator:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("  - max local set: %s", t.names[best])
         mask = t.masks[best]
-        return self._next(nxt, current & mask, free & mask, delta)
+        return self._next(nxt, hints, current & mask, free & mask, delta)
 
-    def _now(self, nxt: int, current: int, free: int, delta: int) -> tuple[int, int]:
+    def _now(
+        self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
+    ) -> tuple[int, int]:
         return free, current
 
 

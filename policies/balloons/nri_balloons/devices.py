@@ -1,5 +1,9 @@
 """Device hints: what ``preferCloseToDevices`` names resolve to, in CPUs.
 
+Also the virtual devices the CPU tree allocator reads at every resize
+(:class:`VirtualDevice`), among them the ``loaded-<level>`` devices of load
+classes (:class:`LoadedDevice`).
+
 Built-in virtual devices (``reserved CPUs``, ``isolated CPUs``,
 ``performance cores``, ``efficient cores``) and sysfs device paths, read
 under the host root the way upstream's topology hints do: ``cpulist``,
@@ -11,8 +15,9 @@ kubelet's pod-resources API and are not resolved yet (the caller warns).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from nri_framework import cpuset
 from nri_framework.topology import Topology
@@ -20,6 +25,7 @@ from nri_framework.topology import Topology
 from nri_balloons.config import BalloonType
 
 log = logging.getLogger("policy")
+_load_log = logging.getLogger("nri_balloons.cpus")  # the logger these lines always had
 
 RESERVED_CPUS = "reserved CPUs"
 ISOLATED_CPUS = "isolated CPUs"
@@ -100,3 +106,76 @@ class DeviceResolver:
             path = path.parent
         log.error("failed to find topology of device %r: no CPU information", device)
         return None
+
+
+class VirtualDevice:
+    """A named device whose topology hint is a list of alternative CPU sets.
+
+    The CPU tree allocator reads ``cpusets`` at every resize, so updating a device
+    in place (load classes, cpuClass hints) steers the next allocation."""
+
+    __slots__ = ("cpusets", "name")
+
+    def __init__(self, name: str, cpusets: Iterable[int] = ()) -> None:
+        self.name = name
+        self.cpusets: list[int] = list(cpusets)
+
+    def __repr__(self) -> str:
+        sets = ", ".join(repr(cpuset.format(m)) for m in self.cpusets)
+        return f"{type(self).__name__}({self.name!r}, [{sets}])"
+
+
+LoadLevel = Literal["core", "l2cache"]
+
+
+def loaded_cpus(topology: Topology, level: LoadLevel, cpus: int) -> int:
+    """The CPUs a load on ``cpus`` affects: all threads of their cores (``core``) or
+    all CPUs sharing their L2 caches (``l2cache``)."""
+    if level == "core":
+        return topology.siblings(cpus)
+    if level == "l2cache":
+        return topology.expand(cpus, "l2cache")
+    raise ValueError(f"internal error: not implemented load level {level!r}")
+
+
+class LoadedDevice(VirtualDevice):
+    """The virtual device ``loaded-<level>`` of a load class (``fillLoadVirtDevices``).
+
+    ``update_on_every_cpu`` is the class's ``overloadsLevelInBalloon``: the policy
+    then passes :meth:`add` as the tree allocator's ``on_cpu_pick`` hook."""
+
+    __slots__ = ("level", "topology", "update_on_every_cpu")
+
+    def __init__(self, topology: Topology, level: LoadLevel, update_on_every_cpu: bool = False):
+        if level not in ("core", "l2cache"):
+            raise ValueError(
+                f"internal error: not implemented load level {level!r} "
+                f"used in virtual device {'loaded-' + str(level)!r}"
+            )
+        super().__init__(f"loaded-{level}")
+        self.topology = topology
+        self.level: LoadLevel = level
+        self.update_on_every_cpu = update_on_every_cpu
+
+    def load(self, cpus: int) -> None:
+        """Set the loaded CPUs (the union of the CPUs of every balloon that carries
+        this device) and compute the affected CPUs (``updateLoadedVirtDev`` with
+        overwrite)."""
+        self.cpusets = [loaded_cpus(self.topology, self.level, cpus)]
+        self._log(cpus)
+
+    def add(self, cpus: int) -> None:
+        """Add loaded CPUs to the affected set (``updateLoadedVirtDev`` without
+        overwrite): the hook called after each CPU a balloon picks."""
+        prev = self.cpusets[0] if self.cpusets else 0
+        self.cpusets = [prev | loaded_cpus(self.topology, self.level, cpus)]
+        self._log(cpus)
+
+    def _log(self, cpus: int) -> None:
+        if _load_log.isEnabledFor(logging.DEBUG):
+            _load_log.debug(
+                "    loaded virtual device %r on CPUs %r affects CPUs %r",
+                self.name,
+                cpuset.format(cpus),
+                cpuset.format(self.cpusets[0]),
+            )

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nri_framework import cpuset
-from nri_framework.instrumentation import MetricFamily
+from nri_framework.contract import MetricFamily
 from nri_framework.topology import TreeNode
 
 from nri_balloons.balloon import Balloon

@@ -40,7 +40,9 @@ from nri_balloons import scheduling
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.config import ConfigError, load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
+from nri_balloons.extres import extended_resources
 from nri_balloons.features import unimplemented
+from nri_balloons.nrt import zones
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.sstlink import REPLY_BUDGET, Budget, Steps, T, Wait, exchange_async
 from nri_balloons.validation import PreparedConfig, validate
@@ -462,13 +464,13 @@ class Balloons:
     def policy_extended_resources(self) -> dict[str, int | None] | None:
         if self.policy is None:
             return None
-        return self.policy.extended_resources()
+        return extended_resources(self.policy)
 
     @hookimpl
     def policy_topology_zones(self) -> list[Zone] | None:
         if self.policy is None:
             return None
-        return self.policy.zones(lambda cid: self.pins.get(cid, ("", "")))
+        return zones(self.policy, lambda cid: self.pins.get(cid, ("", "")))
 
     # -- observability (nri_balloons.observe) -----------------------------------------
 

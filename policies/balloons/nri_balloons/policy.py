@@ -1,8 +1,15 @@
-"""The balloons policy proper: balloon types, instances, sizing, pinning.
+"""The balloons policy proper: its decisions. Choose a balloon type (§5) and an
+instance (§6, :mod:`~nri_balloons.fillmethod`), inflate and deflate balloons
+(§7), allocate and release containers, pin them (§9).
 
 No NRI and no pluggy here: :mod:`nri_balloons.plugin` adapts the hooks. The
 behaviour follows upstream's ``balloons-policy.go`` (reference §3, §5-§9,
-§14); section numbers in comments point at ``nri-plugins-balloons.md``.
+§14); section numbers in comments point at ``nri-plugins-balloons.md``. Beside
+it: the running state (:mod:`~nri_balloons.placement`, with the CPU trees of
+:mod:`~nri_balloons.trees`), composites (:mod:`~nri_balloons.composite`), the
+balloons' cpuClasses (:mod:`~nri_balloons.balloonclass`), the saved state
+(:mod:`~nri_balloons.state`), NRT zones (:mod:`~nri_balloons.nrt`) and extended
+resources (:mod:`~nri_balloons.extres`).
 """
 
 from __future__ import annotations
@@ -10,103 +17,73 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import operator
-import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
-import msgspec
 from nri_framework import cpuset
-from nri_framework.kubelet_cpu import quota_to_milli_cpu, shares_to_milli_cpu
 from nri_framework.model import Container, Pod
 from nri_framework.topology import Topology
-from nri_framework.zones import Zone, ZoneAttribute, ZoneResource, milli_quantity
 
 from nri_balloons import annotations as ann
+from nri_balloons import balloonclass
 from nri_balloons.balloon import Balloon, Member
-from nri_balloons.config import DEFAULT, BalloonsPolicySpec, BalloonType
-from nri_balloons.cpuclass import CpuClassError, CpuClassHandler, Writer
-from nri_balloons.cpus import (
-    CpuAllocator,
-    CpuPriority,
-    LoadedDevice,
-    LoadLevel,
-    VirtualDevice,
-    share_idle,
-)
-from nri_balloons.cputree import CpuTreeAllocator, ResizeError
-from nri_balloons.devices import DeviceResolver, close_devices, far_devices
-from nri_balloons.expression import Subject, resolve_ref
+from nri_balloons.composite import new_composite, resize_composite
+from nri_balloons.config import BalloonsPolicySpec, BalloonType
+from nri_balloons.containers import limit_milli, request_milli
+from nri_balloons.cpuclass import CpuClassHandler, Writer
+from nri_balloons.cputree import ResizeError
+from nri_balloons.errors import BalloonsError
+from nri_balloons.expression import Subject
+from nri_balloons.fillmethod import FillMethod, fill_chain
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
+from nri_balloons.groupby import expand_group
+from nri_balloons.placement import Placement, TypeOptions, changes_placement
+from nri_balloons.sizing import share_idle
 from nri_balloons.sstlink import DEFAULT_WAIT, Wait
+from nri_balloons.state import BalloonsState, decode, rebuild, snapshot
+from nri_balloons.trees import class_hints
 from nri_balloons.validation import PreparedConfig
 
 log = logging.getLogger("policy")
 
+T = TypeVar("T")
+
+__all__ = ["BalloonsError", "BalloonsPolicy"]
+
 PRIORITY_ORDER = ("high", "normal", "low", "none")
-
-
-class BalloonsError(Exception):
-    """A placement failure; the text goes back to the runtime."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(f"balloons: {text}")
 
 
 class NotApplicable(Exception):
     """A fill method has no candidate."""
 
 
-def request_milli(container: Container) -> int:
-    """The CPU request in mCPU, from the CFS shares the kubelet derived from it."""
-    cpu = container.resources.cpu if container.resources else None
-    return shares_to_milli_cpu(cpu.shares or 0) if cpu else 0
+class _Placed(Generic[T]):
+    """An attribute of the policy's running :class:`~nri_balloons.placement.Placement`."""
 
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-def limit_milli(container: Container) -> int:
-    cpu = container.resources.cpu if container.resources else None
-    return quota_to_milli_cpu(cpu.quota or 0, cpu.period or 0) if cpu else 0
+    def __get__(self, policy: BalloonsPolicy, owner: type | None = None) -> T:
+        return cast(T, getattr(policy.placement, self.name))
 
-
-EXT_RESOURCE_DOMAIN = "cpuclass.balloons.nri.io"
-
-
-def _sets(sets: Sequence[int]) -> str:
-    """CPU sets the way Go prints a slice of them: ``[0-1 4-5]``."""
-    return "[" + " ".join(cpuset.format(c) for c in sets) + "]"
-
-
-_REF = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z0-9_./-]+)")
-
-
-def expand_group(text: str, subject: Subject, must_resolve: bool) -> str:
-    """``groupBy`` with ``${key}``/``$key`` references replaced by their values."""
-
-    def sub(m: re.Match[str]) -> str:
-        key = m.group(1) if m.group(1) is not None else m.group(2)
-        value, found = resolve_ref(subject, key)
-        if not found and must_resolve:
-            raise KeyError(f"cannot resolve {key!r}")
-        return value
-
-    return _REF.sub(sub, text)
-
-
-@dataclass(frozen=True)
-class TypeOptions:
-    """A balloon type with the policy-wide values it inherits resolved."""
-
-    topology_balancing: bool
-    spread_on_physical_cores: bool
-    pin_memory: bool
-    show_in_nrt: bool
-    hide_hyperthreads: bool
+    def __set__(self, policy: BalloonsPolicy, value: T) -> None:
+        setattr(policy.placement, self.name, value)
 
 
 class BalloonsPolicy:
-    """The state of the balloons on one node."""
+    """The state of the balloons on one node: the running :attr:`placement`, the
+    decisions that change it, and the cpuClasses of its CPUs."""
+
+    config: _Placed[PreparedConfig | None] = _Placed()
+    allowed: _Placed[int] = _Placed()
+    reserved: _Placed[int] = _Placed()
+    types: _Placed[dict[str, BalloonType]] = _Placed()
+    options: _Placed[dict[str, TypeOptions]] = _Placed()
+    balloons: _Placed[list[Balloon]] = _Placed()
+    free: _Placed[int] = _Placed()
+    initial_free: _Placed[int] = _Placed()
+    owner: _Placed[dict[str, Balloon]] = _Placed()
 
     def __init__(
         self, topology: Topology, host_root: str = "/", writer: Writer | None = None
@@ -114,58 +91,22 @@ class BalloonsPolicy:
         self.topology = topology
         self.host_root = host_root
         self.cpu_classes = CpuClassHandler(topology, writer)
-        self.config: PreparedConfig | None = None
-        self.balloons: list[Balloon] = []
-        self.free = 0
-        self.initial_free = 0
-        self.allowed = 0
-        self.reserved = 0
-        self.owner: dict[str, Balloon] = {}
-        self.options: dict[str, TypeOptions] = {}
-        self.trees: dict[str, CpuTreeAllocator] = {}
-        self.load_devices: dict[str, LoadedDevice] = {}
-        self.type_loads: dict[str, list[LoadedDevice]] = {}
-        self.types: dict[str, BalloonType] = {}
+        self.placement = Placement()
 
     # -- configuration (§3 setConfig) ------------------------------------------------
 
     def set_config(self, prepared: PreparedConfig, wait: Wait = DEFAULT_WAIT) -> None:
         """Start over with ``prepared``: no balloons but the pre-created ones.
         ``wait``: how the cpuClasses' SST programming waits for the helper."""
-        spec = prepared.spec
-        topo = self.topology
-        self.config = prepared
-        self.allowed = (
-            prepared.allowed if prepared.allowed is not None else topo.online
-        ) & topo.online
-        self.reserved = (prepared.reserved or 0) & self.allowed
-        self._configure_classes(spec, strict=True, wait=wait)
-        self.types = {t.name: t for t in prepared.balloon_types}
-        self.options = {
-            t.name: TypeOptions(
-                topology_balancing=_pick(
-                    t.allocator_topology_balancing, spec.allocator_topology_balancing
-                ),
-                spread_on_physical_cores=_pick(
-                    t.prefer_spread_on_physical_cores, spec.prefer_spread_on_physical_cores
-                ),
-                pin_memory=_pick(t.pin_memory, spec.pin_memory),
-                show_in_nrt=_pick(t.show_containers_in_nrt, bool(spec.show_containers_in_nrt)),
-                hide_hyperthreads=bool(t.hide_hyperthreads),
-            )
-            for t in prepared.balloon_types
-        }
-        self._build_trees(prepared)
-        self.balloons = []
-        self.owner = {}
-        self.free = self.allowed
+        self.placement = Placement.for_config(self.topology, self.host_root, prepared)
+        self._configure_classes(prepared.spec, strict=True, wait=wait)
         for prio in PRIORITY_ORDER:
             for bdef in prepared.balloon_types:
                 if _priority(bdef) != prio:
                     continue
                 for i in range(bdef.min_balloons):
                     try:
-                        self.balloons.append(self._new_balloon(bdef))
+                        self.balloons.append(self.new_balloon(bdef))
                     except BalloonsError as exc:
                         raise BalloonsError(
                             f"failed to create balloon '{bdef.name}[{i}]' as required by "
@@ -201,18 +142,18 @@ class BalloonsPolicy:
         """
         log.info("configuration update")
         old = self.config
-        if old is not None and _placement_view(old.spec) == _placement_view(prepared.spec):
+        if old is not None and not changes_placement(old.spec, prepared.spec):
             if old.spec == prepared.spec:
                 log.info("no configuration changes")
                 return "none"
             log.info("configuration changes only on CPU classes")
             self._swap_types(prepared, wait)
             return "classes"
-        saved = dict(self.__dict__)
+        current = self.placement
         try:
             self.set_config(prepared, wait)
         except BalloonsError as exc:
-            self.__dict__.update(saved)
+            self.placement = current  # untouched: set_config built a new one
             if old is not None:  # the handler is shared: back to the running classes
                 self._configure_classes(old.spec, strict=False, wait=wait)
                 self.apply_cpu_classes()
@@ -236,146 +177,20 @@ class BalloonsPolicy:
         self._configure_classes(prepared.spec, strict=False, wait=wait)
         self.apply_cpu_classes()
 
-    # -- cpuClasses (§12.1 balloons mapping) -------------------------------------------
+    # -- cpuClasses (§12.1 balloons mapping: nri_balloons.balloonclass) ----------------
 
     def _configure_classes(
         self, spec: BalloonsPolicySpec, strict: bool, wait: Wait = DEFAULT_WAIT
     ) -> None:
-        idle = spec.idle_cpu_class
-        if not idle and any(cc.name == DEFAULT for cc in spec.cpu_classes):
-            idle = DEFAULT
-        try:
-            self.cpu_classes.configure(
-                spec.cpu_classes, spec.turbo_domain, self.allowed, idle, wait
-            )
-        except CpuClassError as exc:
-            if strict:
-                raise BalloonsError(f"failed to configure CPU class handler: {exc}") from None
-            log.warning("failed to reconfigure CPU class handler: %s", exc)
+        balloonclass.configure(self.cpu_classes, spec, self.allowed, strict, wait)
 
     def balloon_class(self, bdef: BalloonType) -> str:
         """The type's ``cpuClass``, else ``default`` if defined, else none."""
-        if bdef.cpu_class:
-            return bdef.cpu_class
-        return DEFAULT if self.cpu_classes.known(DEFAULT) else ""
-
-    def _use_class(self, bln: Balloon) -> None:
-        for b in bln.walk():
-            if b.components or not b.cpus:
-                continue
-            name = self.balloon_class(b.bdef)
-            log.debug(
-                "apply CPU class %s on CPUs %s of %s",
-                quote(name),
-                quote(cpuset.format(b.cpus)),
-                quote(b.name),
-            )
-            self.cpu_classes.use(b.cpus, name)
-
-    def _forget_class(self, cpus: int) -> None:
-        if not cpus:
-            return
-        log.debug(
-            "forget class of cpus %s (idle class %s)",
-            quote(cpuset.format(cpus)),
-            quote(self.cpu_classes.idle_class),
-        )
-        self.cpu_classes.forget(cpus)
+        return balloonclass.class_of(self.cpu_classes, bdef)
 
     def apply_cpu_classes(self) -> None:
-        """The idle class on every allowed CPU, then each balloon's class
-        (upstream ``resetCpuClass`` + ``useCpuClass`` of every balloon):
-        ``idleCPUClass``, else ``default`` if defined, else none."""
-        log.debug(
-            "reset class of available cpus: %s to idle class %s (reserved: %s)",
-            quote(cpuset.format(self.allowed)),
-            quote(self.cpu_classes.idle_class),
-            quote(cpuset.format(self.reserved)),
-        )
-        self.cpu_classes.reset()
-        for bln in self.balloons:
-            self._use_class(bln)
-
-    def extended_resources(self) -> dict[str, int | None] | None:
-        """Upstream ``GetExtendedResources`` (§13.5): the ownership key of the
-        ``cpuclass.balloons.nri.io`` domain, and for every PCT class with
-        ``publishExtendedResource`` its capacity (CPUs held by balloons of
-        other classes do not count). ``None`` (no opinion: leave the node as it
-        is) while PCT waits for the SST helper."""
-        out: dict[str, int | None] = {f"{EXT_RESOURCE_DOMAIN}/*": None}
-        pct = self.cpu_classes.pct
-        if self.config is None:
-            return out
-        if pct.wanted_mode and (pct.degraded or pct.need_program):
-            return None
-        if not pct.active:
-            return out
-        for cc in self.config.spec.cpu_classes:
-            if not cc.publish_extended_resource:
-                continue
-            if not cc.is_pct:
-                log.warning(
-                    "ignoring publishExtendedResource on non-PCT cpuClass %s", quote(cc.name)
-                )
-                continue
-            held = 0
-            for bln in self.balloons:
-                if self.balloon_class(bln.bdef) != cc.name:
-                    held |= bln.cpus
-            out[f"{EXT_RESOURCE_DOMAIN}/{cc.name}"] = max(pct.free_class_capacity(cc.name, held), 0)
-        return out
-
-    def _build_trees(self, prepared: PreparedConfig) -> None:
-        resolver = DeviceResolver(self.topology, self.host_root, self.reserved)
-        reserved_cpuset = bool(prepared.reserved)
-        close = {
-            t.name: close_devices(t, prepared.reserved_type.name, reserved_cpuset)
-            for t in prepared.balloon_types
-        }
-        far = far_devices(close, bool(self.topology.isolated))
-        # load classes (§7.3 fillLoadVirtDevices): one virtual device per level,
-        # avoided by every balloon of a type that carries it
-        classes = {lc.name: lc for lc in prepared.spec.load_classes}
-        self.load_devices = {}
-        self.type_loads = {}
-        for t in prepared.balloon_types:
-            devices: list[LoadedDevice] = []
-            for name in t.loads:
-                lc = classes[name]
-                level = cast(LoadLevel, lc.level)
-                dev = self.load_devices.get(level)
-                if dev is None:
-                    dev = self.load_devices[level] = LoadedDevice(self.topology, level)
-                dev.update_on_every_cpu = dev.update_on_every_cpu or lc.overloads_level_in_balloon
-                if dev not in devices:
-                    devices.append(dev)
-            self.type_loads[t.name] = devices
-        allocator = CpuAllocator(self.topology)  # one for the whole policy
-        self.trees = {}
-        for t in prepared.balloon_types:
-            opts = self.options[t.name]
-            loads = self.type_loads[t.name]
-            dynamic = [d for d in loads if d.update_on_every_cpu]
-            self.trees[t.name] = CpuTreeAllocator(
-                self.topology,
-                topology_balancing=opts.topology_balancing,
-                prefer_spread_on_physical_cores=opts.spread_on_physical_cores,
-                prefer_close_to=_masks(resolver, close[t.name]),
-                prefer_far_from=[*_masks(resolver, far[t.name]), *loads],
-                on_cpu_pick=_adder(dynamic) if dynamic else None,
-                allocator_priority=CpuPriority.parse(t.allocator_priority),
-                cpu_allocator=allocator,
-            )
-
-    def _load_devices_for(self, bdef: BalloonType) -> None:
-        """Refresh the loaded CPUs of ``bdef``'s load devices before a resize: the
-        CPUs of every balloon whose type carries the same device."""
-        for dev in self.type_loads.get(bdef.name, ()):
-            loaded = 0
-            for b in self.balloons:
-                if dev in self.type_loads.get(b.bdef.name, ()):
-                    loaded |= b.cpus
-            dev.load(loaded)
+        """The idle class on every allowed CPU, then each balloon's class."""
+        balloonclass.reset(self.cpu_classes, self.balloons, self.allowed, self.reserved)
 
     # -- choosing the type (§5) ------------------------------------------------------
 
@@ -426,46 +241,32 @@ class BalloonsPolicy:
 
     # -- choosing the instance (§6) --------------------------------------------------
 
-    def fill_chain(self, bdef: BalloonType) -> list[str]:
-        chain: list[str] = []
-        if bdef.group_by:
-            chain.append("same-group")
-        if not bdef.prefer_spreading_pods:
-            chain.append("same-pod")
-        if bdef.prefer_per_namespace_balloon:
-            chain += ["same-namespace", "new-balloon"]
-        if bdef.prefer_new_balloons:
-            chain += ["new-balloon", "balanced", "balanced-inflate"]
-        else:
-            chain += ["balanced", "balanced-inflate", "new-balloon"]
-        return chain
-
     def instances(self, bdef: BalloonType) -> list[Balloon]:
         return [b for b in self.balloons if b.bdef.name == bdef.name]
 
     def choose_instance(self, bdef: BalloonType, member: Member) -> Balloon:
-        for method in self.fill_chain(bdef):
+        for method in fill_chain(bdef):
             try:
-                candidates = self._fill(method, bdef, member)
+                candidates = self._fills[method](bdef, member)
             except NotApplicable:
-                log.debug("fill method %r not applicable", method)
+                log.debug("fill method %r not applicable", str(method))
                 continue
             if candidates:
                 log.debug(
                     "fill method %r suggests any of balloon instances %s",
-                    method,
+                    str(method),
                     [b.name for b in candidates],
                 )
                 return self._best(method, candidates)
-            log.debug("fill method %r not applicable", method)
+            log.debug("fill method %r not applicable", str(method))
         raise BalloonsError(
             f"balloon allocation for container {member.pretty} failed: "
             "no suitable balloon instance available"
         )
 
-    def _best(self, method: str, candidates: list[Balloon]) -> Balloon:
+    def _best(self, method: FillMethod, candidates: list[Balloon]) -> Balloon:
         def key(b: Balloon) -> tuple[int, int]:
-            if method == "balanced-inflate":
+            if method is FillMethod.BALANCED_INFLATE:
                 free = b.max_free_milli(self.available(b.bdef))
             else:
                 free = b.free_milli
@@ -473,33 +274,39 @@ class BalloonsPolicy:
 
         return min(candidates, key=key)  # min keeps list order among equals
 
-    def _fill(self, method: str, bdef: BalloonType, member: Member) -> list[Balloon]:
-        req = member.request
-        mine = self.instances(bdef)
+    @functools.cached_property
+    def _fills(self) -> dict[FillMethod, Callable[[BalloonType, Member], list[Balloon]]]:
+        """Fill method -> its candidates for a container (raises :class:`NotApplicable`)."""
+        return {
+            FillMethod.SAME_GROUP: self._fill_same_group,
+            FillMethod.SAME_POD: lambda bdef, m: self._fill_where(
+                bdef, m, lambda b: m.pod_id in b.pod_ids()
+            ),
+            FillMethod.SAME_NAMESPACE: lambda bdef, m: self._fill_where(
+                bdef, m, lambda b: m.namespace in b.namespaces()
+            ),
+            FillMethod.BALANCED: lambda bdef, m: [
+                b for b in self.instances(bdef) if b.free_milli >= m.request
+            ],
+            FillMethod.BALANCED_INFLATE: lambda bdef, m: self._fill_where(bdef, m, bool),
+            FillMethod.NEW_BALLOON: lambda bdef, m: [self._fill_new(bdef, m.request)],
+        }
+
+    def _fill_where(
+        self, bdef: BalloonType, member: Member, where: Callable[[Balloon], bool]
+    ) -> list[Balloon]:
+        """The instances ``where`` holds for that can grow to fit ``member``."""
         avail = self.available(bdef)
-        if method == "same-group":
-            if not member.group:
-                raise NotApplicable
-            return [
-                b for b in mine if b.groups[member.group] > 0 and b.max_free_milli(avail) >= req
-            ]
-        if method == "same-pod":
-            return [
-                b for b in mine if member.pod_id in b.pod_ids() and b.max_free_milli(avail) >= req
-            ]
-        if method == "same-namespace":
-            return [
-                b
-                for b in mine
-                if member.namespace in b.namespaces() and b.max_free_milli(avail) >= req
-            ]
-        if method == "balanced":
-            return [b for b in mine if b.free_milli >= req]
-        if method == "balanced-inflate":
-            return [b for b in mine if b.max_free_milli(avail) >= req]
-        if method == "new-balloon":
-            return [self._fill_new(bdef, req)]
-        raise NotApplicable
+        return [
+            b
+            for b in self.instances(bdef)
+            if where(b) and b.max_free_milli(avail) >= member.request
+        ]
+
+    def _fill_same_group(self, bdef: BalloonType, member: Member) -> list[Balloon]:
+        if not member.group:
+            raise NotApplicable
+        return self._fill_where(bdef, member, lambda b: b.groups[member.group] > 0)
 
     def _fill_new(self, bdef: BalloonType, req: int) -> Balloon:
         for b in self.instances(bdef):
@@ -509,18 +316,18 @@ class BalloonsPolicy:
         if not avail or avail.bit_count() < bdef.min_cpus:
             raise NotApplicable
         try:
-            bln = self._new_balloon(bdef)
+            bln = self.new_balloon(bdef)
         except BalloonsError as exc:
             log.debug("new-balloon: %s", exc)
             raise NotApplicable from None
         if bln.max_avail_milli(self.available(bdef)) < req:
-            self._delete(bln, append=False)
+            self.delete(bln, append=False)
             raise NotApplicable
         self.balloons.append(bln)
         self._share_idle()
         return bln
 
-    def _new_balloon(self, bdef: BalloonType) -> Balloon:
+    def new_balloon(self, bdef: BalloonType) -> Balloon:
         used = {b.instance for b in self.instances(bdef)}
         if bdef.max_balloons and len(used) >= bdef.max_balloons:
             raise BalloonsError(
@@ -529,68 +336,11 @@ class BalloonsPolicy:
             )
         instance = next(i for i in range(len(used) + 1) if i not in used)
         if bdef.components:
-            return self._new_composite(bdef, instance)
+            return new_composite(self, bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
         if bdef.min_cpus:
-            self._resize(bln, bdef.min_cpus * 1000)
+            self.resize(bln, bdef.min_cpus * 1000)
         return bln
-
-    def _new_composite(self, bdef: BalloonType, instance: int) -> Balloon:
-        """A composite balloon (upstream ``newCompositeBalloon``): one component
-        balloon per component type (``componentCreation`` ``""``/``all``), or only
-        the component type with the fewest instances (``balance-balloons``).
-        Component balloons live only in the composite's ``components``."""
-        comp_defs: list[BalloonType] = []
-        for comp in bdef.components:
-            comp_def = self.types.get(comp.balloon_type)
-            if comp_def is None:
-                raise BalloonsError(
-                    f"unknown balloon definition {quote(comp.balloon_type)} in composite "
-                    f"balloon {quote(bdef.name)}"
-                )
-            comp_defs.append(comp_def)
-        if bdef.component_creation == "balance-balloons":
-            counts = [len(self._including_components(d)) for d in comp_defs]
-            log.debug("instance-components of composite balloon %s: %s", bdef.name, counts)
-            comp_defs = [comp_defs[counts.index(min(counts))]]
-        elif bdef.component_creation not in ("", "all"):
-            raise BalloonsError(
-                f"unknown ComponentCreation mode {quote(bdef.component_creation)} in "
-                f"composite balloon {quote(bdef.name)}"
-            )
-        bln = Balloon(bdef=bdef, instance=instance)
-        for comp_def in comp_defs:
-            try:
-                part = self._new_balloon(comp_def)
-            except BalloonsError as exc:
-                self._delete(bln)
-                raise BalloonsError(
-                    f"failed to create component balloon {quote(comp_def.name)} for composite "
-                    f"balloon {quote(bdef.name)}: {exc}"
-                ) from None
-            bln.components.append(part)
-            bln.cpus |= part.cpus
-            log.debug("created component balloon %s of composite balloon %s", part.name, bdef.name)
-        try:
-            self._resize(bln, bdef.min_cpus * 1000)
-        except BalloonsError:
-            self._delete(bln)
-            raise
-        return bln
-
-    def _including_components(self, bdef: BalloonType) -> list[Balloon]:
-        """Balloons, top-level or components, of ``bdef`` or of any type in its
-        components, recursively (upstream ``balloonsByDefIncludingComponents``)."""
-        names: set[str] = set()
-        todo = [bdef]
-        while todo:
-            d = todo.pop()
-            names.add(d.name)
-            for comp in d.components:
-                sub = self.types.get(comp.balloon_type)
-                if sub is not None and sub.name not in names:
-                    todo.append(sub)
-        return [b for top in self.balloons for b in top.walk() if b.bdef.name in names]
 
     # -- sizing (§7) -----------------------------------------------------------------
 
@@ -603,15 +353,17 @@ class BalloonsPolicy:
             return self.free
         return self.free & ~self.reserved
 
-    def _resize(self, bln: Balloon, milli: int, exclude: int | None = None) -> None:
-        """Resize ``bln`` to fit ``milli`` mCPU. ``exclude``: CPUs it may not take
+    def resize(self, bln: Balloon, milli: int, exclude: int | None = None) -> None:
+        """Resize ``bln`` to fit ``milli`` mCPU (upstream ``resizeBalloon``): the
+        CPU count it needs, clamped to its type's min/maxCPUs, then
+        :meth:`inflate` or :meth:`deflate`. ``exclude``: CPUs it may not take
         (by default the reserved cpuset unless it is the reserved balloon; the
         components of a composite inherit the composite's)."""
         if exclude is None:
             assert self.config is not None
             exclude = 0 if bln.bdef.name == self.config.reserved_type.name else self.reserved
         if bln.components:
-            self._resize_composite(bln, milli, exclude)
+            resize_composite(self, bln, milli, exclude)
             return
         bdef = bln.bdef
         count = math.ceil(milli / 1000)
@@ -624,78 +376,53 @@ class BalloonsPolicy:
             return
         log.debug("resize %s to fit %d mCPU", bln.name, milli)
         log.debug("- change size from %d to %d full cpus", current, count)
-        self._forget_class(bln.cpus)
+        balloonclass.forget(self.cpu_classes, bln.cpus)
         try:
-            self._resize_cpus(bln, delta, exclude)
+            if delta > 0:
+                self.inflate(bln, delta, exclude)
+            else:
+                self.deflate(bln, -delta)
         finally:
-            self._use_class(bln)
+            balloonclass.use(self.cpu_classes, bln)
         if delta > 0:
             self.cpu_classes.pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
 
-    def _resize_cpus(self, bln: Balloon, delta: int, exclude: int) -> None:
+    def inflate(self, bln: Balloon, count: int, exclude: int) -> None:
+        """Give ``bln`` ``count`` more CPUs, free ones but ``exclude`` (upstream
+        ``resizeBalloon`` growing): the CPU tree narrows the choice down, steered by
+        the type's hints and its cpuClass's hints for this resize."""
         bdef = bln.bdef
-        tree = self.trees[bdef.name]
-        self._load_devices_for(bdef)
-        if delta > 0:
-            free = self.free & ~exclude
-            hints = self.cpu_classes.hints(self.balloon_class(bdef), delta, free, bln.cpus)
-            close, far = len(tree.prefer_close_to), len(tree.prefer_far_from)
-            for i, (name, sets) in enumerate(hints.prefer):
-                log.debug("cpuclass hint: prefer %s -> %s", quote(name), _sets(sets))
-                tree.prefer_close_to.append(VirtualDevice(f"__cls_pref_{i}_{name}", sets))
-            for i, (name, cpus) in enumerate(hints.avoid):
-                log.debug("cpuclass hint: avoid %s -> %s", quote(name), cpuset.format(cpus))
-                tree.prefer_far_from.append(VirtualDevice(f"__cls_avoid_{i}_{name}", [cpus]))
-            try:
-                add = tree.resize(bln.cpus, free, delta)
-            except ResizeError as exc:
-                raise BalloonsError(
-                    f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
-                    f"cpuset for allocating additional {delta} CPUs: {exc}"
-                ) from None
-            finally:
-                del tree.prefer_close_to[close:]
-                del tree.prefer_far_from[far:]
-            self.free &= ~add
-            bln.cpus |= add
-        else:
-            try:
-                remove = tree.resize(bln.cpus, self.free, delta)
-            except ResizeError as exc:
-                raise BalloonsError(
-                    f"resizing balloon {bln.name} failed: resize/deflate: failed to choose a "
-                    f"cpuset for releasing {-delta} CPUs: {exc}"
-                ) from None
-            bln.cpus &= ~remove
-            self.free |= remove
-
-    def _resize_composite(self, bln: Balloon, milli: int, exclude: int) -> None:
-        """Upstream ``resizeCompositeBalloon``: every component gets an equal
-        (integer) share of ``milli``; the composite's own min/maxCPUs do not
-        clamp it. All or nothing: a failing component rolls every one back."""
-        per_component = milli // len(bln.components)
-        saved_free = self.free
-        saved = [(b, b.cpus) for b in bln.walk()]
+        tree = self.placement.trees.for_resize(bdef, self.balloons)
+        free = self.free & ~exclude
+        hints = self.cpu_classes.hints(self.balloon_class(bdef), count, free, bln.cpus)
         try:
-            for comp in bln.components:
-                self._resize(comp, per_component, exclude)
-        except BalloonsError as exc:
-            taken = functools.reduce(operator.or_, (b.cpus for b, _ in saved), 0)
-            self.free = saved_free
-            for b, cpus in saved:
-                b.cpus = cpus
-            self._forget_class(taken & saved_free)
-            self._use_class(bln)
-            raise BalloonsError(f"resize composite balloon {bln.name}: {exc}") from None
-        cpus = 0
-        for comp in bln.components:
-            cpus |= comp.cpus
-        bln.cpus = cpus
+            add = tree.resize(bln.cpus, free, count, class_hints(hints))
+        except ResizeError as exc:
+            raise BalloonsError(
+                f"resizing balloon {bln.name} failed: resize/inflate: failed to choose a "
+                f"cpuset for allocating additional {count} CPUs: {exc}"
+            ) from None
+        self.free &= ~add
+        bln.cpus |= add
 
-    def _delete(self, bln: Balloon, append: bool = True) -> None:
+    def deflate(self, bln: Balloon, count: int) -> None:
+        """Take ``count`` CPUs from ``bln`` back to the free ones (upstream
+        ``resizeBalloon`` shrinking)."""
+        tree = self.placement.trees.for_resize(bln.bdef, self.balloons)
+        try:
+            remove = tree.resize(bln.cpus, self.free, -count)
+        except ResizeError as exc:
+            raise BalloonsError(
+                f"resizing balloon {bln.name} failed: resize/deflate: failed to choose a "
+                f"cpuset for releasing {count} CPUs: {exc}"
+            ) from None
+        bln.cpus &= ~remove
+        self.free |= remove
+
+    def delete(self, bln: Balloon, append: bool = True) -> None:
         log.debug("deleting balloon %s", bln.name)
         for b in bln.walk():
-            self._forget_class(b.cpus)
+            balloonclass.forget(self.cpu_classes, b.cpus)
             self.free |= b.cpus
             b.cpus = 0
         if bln in self.balloons:
@@ -748,10 +475,10 @@ class BalloonsPolicy:
         need = member.request + bln.requested
         if bln.cpus.bit_count() * 1000 < max(1, need):
             try:
-                self._resize(bln, max(1, need))
+                self.resize(bln, max(1, need))
             except BalloonsError:
                 if not bln.members and len(self.instances(bdef)) > bdef.min_balloons:
-                    self._delete(bln)  # created for this container: do not keep it
+                    self.delete(bln)  # created for this container: do not keep it
                     self._share_idle()
                 raise
         bln.members[member.id] = member
@@ -777,11 +504,11 @@ class BalloonsPolicy:
         try:
             if not bln.members:
                 log.debug("all containers removed, free balloon allocation %s", bln.name)
-                self._resize(bln, 0)
+                self.resize(bln, 0)
                 if len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
-                    self._delete(bln)
+                    self.delete(bln)
             else:
-                self._resize(bln, max(1, bln.requested))
+                self.resize(bln, max(1, bln.requested))
         except BalloonsError as exc:
             log.warning("failed to deflate balloon %s: %s", bln.name, exc)
         self._share_idle()
@@ -818,83 +545,23 @@ class BalloonsPolicy:
 
     # -- state -----------------------------------------------------------------------
 
-    def export(self) -> dict[str, Any]:
-        def components(b: Balloon) -> list[dict[str, Any]]:
-            return [
-                {
-                    "type": c.bdef.name,
-                    "instance": c.instance,
-                    "cpus": cpuset.format(c.cpus),
-                    "components": components(c),
-                }
-                for c in b.components
-            ]
-
-        return {
-            "balloons": [
-                {
-                    "type": b.bdef.name,
-                    "instance": b.instance,
-                    "cpus": cpuset.format(b.cpus),
-                    "components": components(b),
-                    "members": [
-                        [
-                            m.id,
-                            m.pod_id,
-                            m.namespace,
-                            m.pod_name,
-                            m.name,
-                            m.request,
-                            m.limit,
-                            m.group,
-                        ]
-                        for m in b.members.values()
-                    ],
-                }
-                for b in self.balloons
-            ]
-        }
+    def export(self) -> BalloonsState:
+        """The state to save (:mod:`nri_balloons.state`)."""
+        return snapshot(self.balloons)
 
     def restore(self, saved: Any, alive: set[str]) -> set[str]:
-        """Rebuild the balloons saved by :meth:`export` for containers still alive.
+        """Rebuild the balloons saved by :meth:`export` (this version or an older
+        one) for containers still alive.
 
         Returns the ids restored. Anything inconsistent (an unknown type, CPUs
         outside the allowed set or in two balloons) makes the whole restore
         fail, and the caller places every container afresh.
         """
-        if not isinstance(saved, dict) or not isinstance(saved.get("balloons"), list):
-            return set()
-        balloons: list[Balloon] = []
-        taken = 0
-
-        def rebuild(entry: Any) -> Balloon:
-            nonlocal taken
-            bdef = self.types[entry["type"]]
-            cpus = cpuset.parse(entry["cpus"])
-            bln = Balloon(bdef=bdef, instance=int(entry["instance"]), cpus=cpus)
-            bln.components = [rebuild(c) for c in entry.get("components", [])]
-            if [c.bdef.name for c in bln.components] != [
-                c.balloon_type for c in bdef.components
-            ] and bdef.component_creation != "balance-balloons":
-                raise ValueError(f"components of {entry['type']} do not match its type")
-            if bln.components:
-                if cpus != functools.reduce(operator.or_, (c.cpus for c in bln.components), 0):
-                    raise ValueError(f"CPUs of {entry['type']} are not those of its components")
-            else:
-                if cpus & ~self.allowed or cpus & taken:
-                    raise ValueError(f"CPUs {entry['cpus']} of {entry['type']} not available")
-                taken |= cpus
-            return bln
-
         try:
-            for entry in saved["balloons"]:
-                bln = rebuild(entry)
-                for mid, pod_id, ns, pod_name, name, req, lim, group in entry["members"]:
-                    if mid in alive:
-                        bln.members[mid] = Member(mid, pod_id, ns, pod_name, name, req, lim, group)
-                        if group:
-                            bln.groups[group] += 1
-                balloons.append(bln)
+            state = decode(saved)
+            if state is None:
+                return set()
+            balloons, taken = rebuild(state, self.types, self.allowed, alive)
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("cannot restore saved balloons, placing containers anew: %s", exc)
             return set()
@@ -904,121 +571,18 @@ class BalloonsPolicy:
         self.owner = {m: b for b in balloons for m in b.members}
         for bln in list(self.balloons):
             if not bln.members and len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
-                self._delete(bln)
+                self.delete(bln)
         self._share_idle()
         self.apply_cpu_classes()
         return set(self.owner)
-
-    # -- NodeResourceTopology (§14) --------------------------------------------------
-
-    def zones(self, cpus_of: Callable[[str], tuple[str, str]]) -> list[Zone]:
-        capacity = milli_quantity(self.topology.online.bit_count() * 1000)
-        zones: list[Zone] = []
-        for bln in self.balloons:
-            bdef = bln.bdef
-            alloc_cpus = self.initial_free.bit_count() + (
-                bdef.min_cpus if bdef.min_balloons > 0 else 0
-            )
-            if 0 < bdef.max_cpus < alloc_cpus:
-                alloc_cpus = bdef.max_cpus
-            zones.append(
-                Zone(
-                    name=bln.name,
-                    type="balloon",
-                    resources=[
-                        ZoneResource(
-                            name="cpu",
-                            capacity=capacity,
-                            allocatable=milli_quantity(alloc_cpus * 1000),
-                            available=milli_quantity(bln.max_free_milli(self.available(bdef))),
-                        )
-                    ],
-                    attributes=[
-                        ZoneAttribute(name="cpuset", value=cpuset.format(bln.cpus)),
-                        ZoneAttribute(name="shared cpuset", value=cpuset.format(bln.shared_idle)),
-                        ZoneAttribute(name="excess cpus", value=f"{bln.free_milli}m"),
-                    ]
-                    + (
-                        [ZoneAttribute(name="component cpusets", value=bln.component_cpusets())]
-                        if bln.components
-                        else []
-                    ),
-                )
-            )
-            if not self.options[bdef.name].show_in_nrt:
-                continue
-            for m in bln.members.values():
-                cpus, mems = cpus_of(m.id)
-                ncpus = cpuset.parse(cpus).bit_count() if cpus else self.topology.online.bit_count()
-                cap = m.limit if m.limit and m.limit <= ncpus * 1000 else ncpus * 1000
-                zones.append(
-                    Zone(
-                        name=m.pretty,
-                        type="allocation for container",
-                        parent=bln.name,
-                        resources=[
-                            ZoneResource(
-                                name="cpu",
-                                capacity=milli_quantity(cap),
-                                allocatable=milli_quantity(m.request),
-                                available="0",
-                            )
-                        ],
-                        attributes=[
-                            ZoneAttribute(name="cpuset", value=cpus),
-                            ZoneAttribute(name="memory set", value=mems),
-                        ],
-                    )
-                )
-        return zones
 
     def __iter__(self) -> Iterator[Balloon]:
         return iter(self.balloons)
 
 
-def _placement_view(spec: BalloonsPolicySpec) -> BalloonsPolicySpec:
-    """The configuration without what does not affect placement (upstream
-    ``changesBalloons``): CPU and scheduling classes, policy-wide and per
-    type. The legacy ``control.cpu.classes`` are cpuClasses too."""
-    replace = msgspec.structs.replace
-    return replace(
-        spec,
-        idle_cpu_class="",
-        turbo_domain="",
-        cpu_classes=[],
-        scheduling_classes=[],
-        control=replace(spec.control, cpu=None),
-        balloon_types=[replace(bt, cpu_class="", scheduling_class="") for bt in spec.balloon_types],
-    )
-
-
-def _adder(devices: list[LoadedDevice]) -> Callable[[int], None]:
-    """The tree allocator's per-CPU hook for ``overloadsLevelInBalloon`` loads."""
-
-    def add(cpus: int) -> None:
-        for dev in devices:
-            dev.add(cpus)
-
-    return add
-
-
-def _pick(value: bool | None, default: bool) -> bool:
-    return default if value is None else value
-
-
 def _priority(bdef: BalloonType) -> str:
     prio = bdef.allocator_priority or "none"
     return prio if prio in PRIORITY_ORDER else "none"
-
-
-def _masks(resolver: DeviceResolver, devices: list[str]) -> list[int]:
-    out = []
-    for dev in devices:
-        mask = resolver.cpus(dev)
-        if mask is None:
-            continue
-        out.append(mask)
-    return out
 
 
 def _pretty(pod: Pod, container: Container) -> str:

@@ -10,6 +10,7 @@ same host root and configuration (the simulator has no NRT agent).
 from __future__ import annotations
 
 from balloons_e2e import node
+from nri_balloons import nrt
 from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate
@@ -26,7 +27,7 @@ async def test_sparse_4kcpus() -> None:
         assert prepared is not None
         policy = BalloonsPolicy(topo, str(n.host_root))
         policy.set_config(prepared)
-        zones = {z.name: z for z in policy.zones(lambda cid: ("", ""))}
+        zones = {z.name: z for z in nrt.zones(policy, lambda cid: ("", ""))}
         cpu = {name: z.resources[0] for name, z in zones.items()}
         assert (cpu["reserved[0]"].capacity, cpu["reserved[0]"].allocatable) == ("6", "5")
         assert (cpu["pkg7[0]"].capacity, cpu["pkg7[0]"].allocatable) == ("6", "1")

@@ -4,7 +4,7 @@ deflating), composite balloons deleted when emptied, ``componentCreation:
 balance-balloons`` choosing the least used component (node order 2-3-0-1 and
 reuse), and a composite reserved balloon next to a CPU's L1 cache.
 
-The NRT ``excess cpus`` check (3000m) reads :meth:`BalloonsPolicy.zones` of a
+The NRT ``excess cpus`` check (3000m) reads :func:`nri_balloons.nrt.zones` of a
 policy given the same configuration and pod0 (no NRT agent in the simulator).
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 from balloons_e2e import Node, disjoint, node
 from nri_balloons.balloon import Member
 from nri_balloons.configyaml import load_policy
+from nri_balloons.nrt import zones
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate
 from nri_framework.topology import Topology
@@ -34,7 +35,7 @@ def excess_cpus_after_pod0(n: Node) -> str:
     (bln,) = policy.instances(policy.types["balance-all-nodes"])
     for i in range(2):
         bln.members[f"c{i}"] = Member(f"c{i}", "p", "default", "pod0", f"pod0c{i}", 500, 500)
-    zone = next(z for z in policy.zones(lambda cid: ("", "")) if z.name == "balance-all-nodes[0]")
+    zone = next(z for z in zones(policy, lambda cid: ("", "")) if z.name == "balance-all-nodes[0]")
     attrs = {a.name: a.value for a in zone.attributes}
     assert attrs["component cpusets"].count("{") == 7  # {{{a}, {b}}, {{c}, {d}}}
     return attrs["excess cpus"]

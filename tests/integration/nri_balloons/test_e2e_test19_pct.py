@@ -161,6 +161,7 @@ async def test_invalid_config_fails_the_plugin(tmp_path: Path) -> None:
 def test_extended_resource_capacity_is_two_per_package(tmp_path: Path) -> None:
     """test19's `cpuclass.balloons.nri.io/pct-hp` = 4 (2 packages x 2)."""
     from nri_balloons.configyaml import load_policy
+    from nri_balloons.extres import extended_resources
     from nri_balloons.policy import BalloonsPolicy
     from nri_balloons.sstlink import HelperWriter
     from nri_balloons.validation import validate
@@ -178,7 +179,7 @@ def test_extended_resource_capacity_is_two_per_package(tmp_path: Path) -> None:
         assert result.prepared is not None
         policy.set_config(result.prepared)
         assert policy.cpu_classes.commit()
-        assert policy.extended_resources() == {
+        assert extended_resources(policy) == {
             "cpuclass.balloons.nri.io/*": None,
             "cpuclass.balloons.nri.io/pct-hp": 4,
         }

@@ -1,8 +1,7 @@
-"""The CPU tree allocator (nri_balloons.cputree) and the CPU helpers (nri_balloons.cpus).
+"""The CPU tree allocator (nri_balloons.cputree).
 
 The first part ports upstream's ``cmd/plugins/balloons/policy/cputree_test.go``
-(``TestResizeCpus``, ``TestSplitLevel``, ``TestCpuLocations``) and the
-``TestAllocatorHelper`` cases of ``pkg/cpuallocator/cpuallocator_test.go``. The
+(``TestResizeCpus``, ``TestSplitLevel``, ``TestCpuLocations``). The
 upstream tests build synthetic trees; here the same machines are generated as sysfs
 trees and discovered, so the tree also has the L2 level (one L2 per core).
 """
@@ -11,54 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from nri_balloons.cpus import (
-    CpuAllocator,
-    CpuPriority,
-    LoadedDevice,
-    ResizeError,
-    VirtualDevice,
-    cpufreq_priorities,
-    loaded_cpus,
-    max_avail_milli_cpus,
-    share_idle,
-)
-from nri_balloons.cputree import CpuTreeAllocator, _flat_tree, _FlatTree, cpu_locations
+from nri_balloons.cpuallocator import ResizeError
+from nri_balloons.cpupriority import CpuPriority
+from nri_balloons.cputree import NO_HINTS, CpuTreeAllocator, ResizeHints, cpu_locations
+from nri_balloons.devices import LoadedDevice, VirtualDevice, loaded_cpus
+from nri_balloons.flattree import FlatTree, flat_tree
 from nri_framework import cpuset
-from nri_framework.simulate.sysfs import N4C16, S8C4K, XEON_6776P, CpuFreqSpec, TopologySpec
-from nri_framework.simulate.sysfs import write_topology as _write_topology
+from nri_framework.simulate.sysfs import N4C16, S8C4K, XEON_6776P, TopologySpec
 from nri_framework.topology import Topology, TreeNode
+from topologies import topology
 
 P = cpuset.parse
 F = cpuset.format
-
-_CACHE: dict[TopologySpec, Topology] = {}
-_TMP: list[tempfile.TemporaryDirectory[str]] = []
-
-
-def topology(spec: TopologySpec) -> Topology:
-    """Write ``spec`` as a sysfs tree under a temporary directory and discover it
-    (once per spec for the whole module)."""
-    if spec not in _CACHE:
-        tmp = tempfile.TemporaryDirectory(prefix="cputree-")
-        _TMP.append(tmp)
-        _CACHE[spec] = Topology.from_sysfs(_write_topology(Path(tmp.name), spec))
-    return _CACHE[spec]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cleanup() -> Iterator[None]:
-    yield
-    for tmp in _TMP:
-        tmp.cleanup()
-    _TMP.clear()
-    _CACHE.clear()
 
 
 def int5(p: int, d: int, n: int, c: int, t: int) -> TopologySpec:
@@ -539,7 +506,7 @@ def test_max_local_set_matches_upstream_sort(
     expected = _reference_max_local_set(
         _reference_tree(topo, spread), current, free, delta, balancing
     )
-    assert alloc._max_local_set(5, current, free, delta) == expected
+    assert alloc._max_local_set(5, NO_HINTS, current, free, delta) == expected
 
 
 def test_split_level() -> None:
@@ -547,9 +514,9 @@ def test_split_level() -> None:
     level is split by thread index, so sibling threads land in different classes
     under the same NUMA node."""
     topo = topology(int5(2, 2, 2, 4, 2))
-    plain, split = _flat_tree(topo, False), _flat_tree(topo, True)
+    plain, split = flat_tree(topo, False), flat_tree(topo, True)
 
-    def ancestors(t: _FlatTree, cpu: int) -> list[str]:
+    def ancestors(t: FlatTree, cpu: int) -> list[str]:
         i = next(i for i, m in enumerate(t.masks) if m == 1 << cpu and t.end[i] == i + 1)
         chain = []
         while i < len(t.masks):
@@ -590,91 +557,6 @@ def test_cpu_locations() -> None:
         "p0d0n0cpu4t4",
         "p0d1n2cpu16t16",
     ]
-
-
-# ---------------------------------------------------------------------------
-# cpuallocator_test.go: TestAllocatorHelper
-
-# "2-socket-4-node-40-core": packages 0-19,40-59 and 20-39,60-79.
-TWO_SOCKET_40 = TopologySpec(
-    name="2-socket-4-node-40-core",
-    packages=2,
-    nodes_per_die=2,
-    cores_per_node=10,
-    threads_per_core=2,
-    numbering="smt-last",
-)
-
-
-@pytest.mark.parametrize(
-    ("from_", "prefer", "cnt", "expected"),
-    [
-        ("2,3,10-14,20", CpuPriority.NORMAL, 9, None),  # too few available CPUs
-        ("2,3,10-14,20", CpuPriority.NORMAL, 8, "2,3,10-14,20"),  # all available CPUs
-        ("2,3,10-25", CpuPriority.HIGH, 4, "2-3,15,17"),  # prefer high priority CPUs
-    ],
-)
-def test_allocator_helper(from_: str, prefer: CpuPriority, cnt: int, expected: str | None) -> None:
-    topo = topology(TWO_SOCKET_40)
-    # Fake CPU priorities: 5 cores of package 0 are high priority.
-    prios = {
-        CpuPriority.HIGH: P("2,5,8,15,17,42,45,48,55,57"),
-        CpuPriority.NORMAL: P("20-39,60-79"),
-        CpuPriority.LOW: P("0,1,3,4,6,7,9-14,16,18,19,40,41,43,44,46,47,49-54,56,58,59"),
-    }
-    alloc = CpuAllocator(topo, prios)
-    if expected is None:
-        with pytest.raises(ResizeError, match=f"does not have {cnt} CPUs"):
-            alloc.allocate(P(from_), cnt, prefer)
-    else:
-        assert F(alloc.allocate(P(from_), cnt, prefer)) == F(P(expected))
-
-
-def test_allocator_prefers_idle_packages_then_cores() -> None:
-    topo = topology(N4C16)
-    alloc = CpuAllocator(topo)
-    # a whole idle package first
-    assert F(alloc.allocate(P("0-7,9-15"), 8)) == "0-7"
-    # then idle cores (lowest first), then a single thread from the package
-    # already used, preferring the CPU whose core has fewer free threads
-    assert alloc.allocate(P("1,2-3,5,8-9"), 3) == P("1-3")
-    assert alloc.allocate(P("1,2-3,5,8-9"), 4) == P("2-3,8-9")
-    # release keeps a whole core and gives up the rest
-    released = alloc.release(P("0-3"), 2)
-    assert released in (P("0-1"), P("2-3"))
-
-
-def test_allocator_priority_low_and_cpufreq_priorities() -> None:
-    spec = dataclasses.replace(
-        N4C16,
-        name="n4c16-ecores",
-        efficient_cpus="12-15",
-        cpufreq=CpuFreqSpec(800_000, 2_000_000, 3_000_000),
-    )
-    topo = topology(spec)
-    prios = cpufreq_priorities(topo)
-    assert prios[CpuPriority.LOW] == P("12-15")
-    assert prios[CpuPriority.NORMAL] == P("0-11")
-    alloc = CpuAllocator(topo)
-    # low priority requests take E-cores first, others avoid them
-    assert alloc.allocate(P("0-15"), 2, CpuPriority.LOW) & ~P("12-15") == 0
-    assert alloc.allocate(P("6-15"), 2, CpuPriority.NORMAL) & P("12-15") == 0
-    assert CpuPriority.parse("HIGH") is CpuPriority.HIGH
-    assert CpuPriority.parse("") is CpuPriority.NONE
-    assert str(CpuPriority.NORMAL) == "normal"
-
-
-def test_cache_groups_on_l3_per_numa() -> None:
-    """SNC: L3 per NUMA node gives the allocator cache groups; a 4-CPU pick from a
-    system with one partly used group takes an idle one."""
-    spec = dataclasses.replace(XEON_6776P, name="xeon-snc-l3", l3_scope="numa")
-    topo = topology(spec)
-    alloc = CpuAllocator(topo)
-    assert len(alloc._cache_groups) == 4
-    node0, node1 = topo.node_masks[0], topo.node_masks[1]
-    free = (node0 & ~P("0")) | node1
-    got = alloc.allocate(free, 4)
-    assert got & ~node1 == 0  # the idle group, not the fragmented one
 
 
 # ---------------------------------------------------------------------------
@@ -884,6 +766,22 @@ def test_big_and_sparse_topologies() -> None:
     assert new_balloons(s8, [2, 1, 1], topology_balancing=True) == [P("0-1"), P("2"), P("511")]
 
 
+def test_hints_of_one_resize_are_arguments() -> None:
+    """cpuClass hints reach the tree as arguments of one resize: they steer that
+    resize (after the type's own hints) and leave the allocator's lists as they were,
+    so the next resize does not see them."""
+    topo = topology(N4C16)
+    alloc = fresh(topo, prefer_close_to=[P("0-7")])
+    close, far = list(alloc.prefer_close_to), list(alloc.prefer_far_from)
+    pref = VirtualDevice("__cls_pref_0_hp", [P("4-5")])
+    assert alloc.resize(0, topo.online, 2, ResizeHints(prefer=(pref,))) == P("4-5")
+    assert alloc.resize(0, topo.online, 2, ResizeHints(avoid=(P("0-5"),))) == P("6-7")
+    # the type's hint comes first and wins a conflict
+    assert alloc.resize(0, topo.online, 2, ResizeHints(prefer=(P("12-13"),))) == P("0-1")
+    assert alloc.prefer_close_to == close and alloc.prefer_far_from == far
+    assert alloc.resize(0, topo.online, 2) == P("0-1")  # no hint left behind
+
+
 def test_resize_errors() -> None:
     topo = topology(N4C16)
     alloc = fresh(topo)
@@ -898,38 +796,6 @@ def test_resize_errors() -> None:
     assert alloc.resize(P("0"), P("4-5"), 0) == 0
     assert alloc.resize(P("0"), P("4-5"), 2) == P("4-5")  # exact fit
     assert alloc.resize(P("0-1"), P("4-5"), -2) == P("0-1")
-
-
-# ---------------------------------------------------------------------------
-# helpers of the policy
-
-
-def test_max_avail_milli_cpus() -> None:
-    cpus, free = P("0-1"), P("4-9")
-    assert max_avail_milli_cpus(cpus, free, 0) == 8000
-    assert max_avail_milli_cpus(cpus, free, 7) == 8000  # maxCPUs > free: upstream quirk
-    assert max_avail_milli_cpus(cpus, free, 4) == 4000
-    assert max_avail_milli_cpus(cpus, free, -1) == -1000  # §20.15
-    # composite: min(component) x #components caps the free count
-    assert max_avail_milli_cpus(cpus, free, 0, components=[2000, 3000]) == 6000
-    assert max_avail_milli_cpus(cpus, free, 0, components=[9000, 9000]) == 8000
-
-
-def test_share_idle() -> None:
-    """test13-cacheclusters: shareIdleCPUsInSame l2cache with two cores per L2."""
-    spec = dataclasses.replace(N4C16, name="n4c16-l2x2-iso", cores_per_l2=2, isolated="3")
-    topo = topology(spec)
-    idle = P("2-15")
-    assert share_idle(P("0"), idle, "l2cache", topo) == P("2")  # 3 is isolated
-    assert share_idle(P("0"), idle, "numa", topo) == P("2")
-    assert share_idle(P("0"), idle, "package", topo) == P("2,4-7")
-    assert share_idle(P("0,9"), idle & ~P("9"), "numa", topo) == P("2,8,10-11")
-    assert share_idle(P("0"), idle, "system", topo) == idle & ~P("3")
-    assert share_idle(P("0"), idle, "core", topo) == 0
-    assert share_idle(P("0"), idle, "", topo) == 0
-    assert share_idle(P("0"), idle, "l3cache", topo) == P("2,4-7")
-    with pytest.raises(ValueError, match="unknown topology level"):
-        share_idle(P("0"), idle, "rack", topo)
 
 
 # ---------------------------------------------------------------------------
@@ -993,24 +859,3 @@ def test_resize_properties(req: tuple[Topology, int, int, int, dict[str, object]
     add_from, remove_from = alloc.candidates(current, free, delta)
     assert add_from & ~usable_free == 0
     assert remove_from & ~usable_current == 0
-
-
-def test_hybrid_clusters() -> None:
-    """takeIdleClusters: on a hybrid CPU, low priority requests take a whole idle
-    E-core cluster (an L2 group), others a P-core cluster."""
-    spec = TopologySpec(
-        name="hybrid",
-        packages=1,
-        cores_per_node=12,
-        threads_per_core=1,
-        cores_per_l2=4,
-        efficient_cpus="4-11",
-    )
-    topo = topology(spec)
-    alloc = CpuAllocator(topo)
-    assert alloc.hybrid
-    assert alloc.priorities[CpuPriority.LOW] == P("4-11")
-    assert alloc.allocate(topo.online, 4, CpuPriority.LOW) == P("4-7")
-    assert alloc.allocate(topo.online & ~P("4"), 4, CpuPriority.LOW) == P("8-11")
-    assert alloc.allocate(topo.online, 4, CpuPriority.NORMAL) == P("0-3")
-    assert alloc.allocate(topo.online, 4, CpuPriority.HIGH) == P("0-3")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from nri_balloons.configyaml import load_policy
+from nri_balloons.extres import extended_resources
 from nri_balloons.observe import inspect
 from nri_balloons.pct import DISCOVER_TIMEOUT, Hints
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
@@ -336,15 +337,15 @@ def test_extended_resource_capacity() -> None:
         "    pctMaxFreq: turbo\n", "    pctMaxFreq: turbo\n    publishExtendedResource: true\n"
     )
     policy, _ = make(text)
-    res = policy.extended_resources()
+    res = extended_resources(policy)
     # 4 punits x 8 guaranteed HP CPUs (the smallest SST-TF bucket), as upstream's quickstart
     assert res == {"cpuclass.balloons.nri.io/*": None, "cpuclass.balloons.nri.io/hp-pct": 32}
     # the HP class's own balloons are not subtracted; CPUs held by other classes are
     admit(policy, "hp", 2, "hp-bln")
-    assert policy.extended_resources()["cpuclass.balloons.nri.io/hp-pct"] == 32  # type: ignore[index]
+    assert extended_resources(policy)["cpuclass.balloons.nri.io/hp-pct"] == 32  # type: ignore[index]
     # no publishing class: only the ownership key, so every owned key is removed
     plain, _ = make()
-    assert plain.extended_resources() == {"cpuclass.balloons.nri.io/*": None}
+    assert extended_resources(plain) == {"cpuclass.balloons.nri.io/*": None}
 
 
 def test_dead_helper_degrades_pct_not_placement(caplog: pytest.LogCaptureFixture) -> None:
@@ -360,7 +361,7 @@ def test_dead_helper_degrades_pct_not_placement(caplog: pytest.LogCaptureFixture
     bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
     assert bln is not None and bln.cpus.bit_count() == 2  # still placed and pinned
     assert not policy.cpu_classes.commit()
-    assert policy.extended_resources() is None  # no opinion while degraded
+    assert extended_resources(policy) is None  # no opinion while degraded
     # the helper returns: everything is programmed, HP CPUs on CLOS 0, the rest on 3
     helper.down = False
     assert policy.cpu_classes.commit()
@@ -787,8 +788,8 @@ async def test_a_settled_background_has_the_agent_publish_again() -> None:
         helper.down = True
         plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
         assert plugin.background is not None
-        assert plugin.policy.extended_resources() is None  # waiting for the helper
-        host.add_listener(lambda: calls.append(plugin.policy.extended_resources()))
+        assert extended_resources(plugin.policy) is None  # waiting for the helper
+        host.add_listener(lambda: calls.append(extended_resources(plugin.policy)))
         helper.down = False
         for _ in range(150):  # its retry comes after 0.5 s
             if plugin.background is None:

@@ -1,5 +1,4 @@
-"""CPU-set helpers of the balloons policy: the final CPU pick, CPU priorities,
-balloon capacity, shared idle CPUs and the virtual devices of load classes.
+"""The final CPU pick of the balloons policy: a port of upstream's ``pkg/cpuallocator``.
 
 Every CPU set is an ``int`` bitmask (see :mod:`nri_framework.cpuset`).
 
@@ -10,11 +9,8 @@ packages, idle CPU clusters (hybrid CPUs only), idle or partly used cache groups
 idle cores and finally single threads, ordered by the CPU priority the balloon
 type asked for (``allocatorPriority``). What is left out or changed:
 
-- CPU priorities are a constructor input (``priorities``). Upstream discovers them
-  once from SST (TF/CP/BF) or cpufreq; SST status is the helper's business here, so
-  the policy passes what it learned. :func:`cpufreq_priorities` ports the cpufreq
-  source except the ``energy_performance_preference`` bins (the topology does not
-  read EPP).
+- CPU priorities are a constructor input (``priorities``, see
+  :mod:`nri_balloons.cpupriority`); without one they come from cpufreq.
 - CPU clusters (used only on hybrid CPUs) are the L2 groups of each die: the
   topology does not read ``topology/cluster_id``, and on Intel hybrid parts a
   cluster is the set of cores sharing an L2.
@@ -33,236 +29,22 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
 
 from nri_framework import cpuset
-from nri_framework.topology import Level, Topology, expand_groups
+from nri_framework.topology import Topology
 
-log = logging.getLogger("nri_balloons.cpus")
+from nri_balloons.cpupriority import PRIOS, CpuPriority, Priorities, cpufreq_priorities
 
-__all__ = [
-    "CpuAllocator",
-    "CpuPriority",
-    "LoadLevel",
-    "LoadedDevice",
-    "ResizeError",
-    "VirtualDevice",
-    "cpufreq_priorities",
-    "loaded_cpus",
-    "max_avail_milli_cpus",
-    "share_idle",
-    "tree_level_groups",
-]
+log = logging.getLogger("nri_balloons.cpus")  # the logger these lines always had
+
+__all__ = ["AllocFlag", "CpuAllocator", "ResizeError"]
 
 
 class ResizeError(ValueError):
     """A CPU set cannot be resized (or allocated from) as asked; the message is
     upstream's text."""
-
-
-class CpuPriority(enum.IntEnum):
-    """``cpuallocator.CPUPriority``; ``NONE`` disables priority preferences."""
-
-    HIGH = 0
-    NORMAL = 1
-    LOW = 2
-    NONE = 3
-
-    @classmethod
-    def parse(cls, value: str) -> CpuPriority:
-        """``allocatorPriority`` text -> priority: ``high``, ``normal`` and ``low``
-        (any case); anything else, including ``""``, is ``NONE`` (as upstream)."""
-        return _PRIORITY_NAMES.get(value.lower(), cls.NONE)
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-
-_PRIORITY_NAMES = {p.name.lower(): p for p in CpuPriority if p is not CpuPriority.NONE}
-_PRIOS = (CpuPriority.HIGH, CpuPriority.NORMAL, CpuPriority.LOW)
-
-
-# ---------------------------------------------------------------------------
-# CPU priorities
-
-
-def cpufreq_priorities(topology: Topology) -> dict[CpuPriority, int]:
-    """CPU priorities from cpufreq (``discoverCpufreqPriority``), per package: when
-    the package's CPUs have more than one base frequency, those above the lowest are
-    ``HIGH`` and the rest ``LOW``; otherwise all are ``NORMAL``. Efficient cores are
-    always ``LOW``."""
-    prios = dict.fromkeys(_PRIOS, 0)
-    for pkg_cpus in topology.package_masks.values():
-        ids = cpuset.ids(pkg_cpus)
-        freqs = sorted({topology.cpus[c].freq.base for c in ids} - {0})
-        for c in ids:
-            info = topology.cpus[c]
-            if topology.efficient_cpus >> c & 1:
-                p = CpuPriority.LOW
-            elif len(freqs) > 1:
-                p = CpuPriority.HIGH if info.freq.base > freqs[0] else CpuPriority.LOW
-            else:
-                p = CpuPriority.NORMAL
-            prios[p] |= 1 << c
-    return prios
-
-
-# ---------------------------------------------------------------------------
-# capacity and shared idle CPUs
-
-
-def max_avail_milli_cpus(
-    cpus: int, free: int, max_cpus: int, components: Sequence[int] = ()
-) -> int:
-    """``Balloon.MaxAvailMilliCpus``: the mCPUs a balloon holding ``cpus`` could
-    reach from ``free`` under its type's ``maxCPUs`` (0 = no limit).
-
-    ``components`` are the results of this function for the components of a
-    composite balloon: the smallest of them times their number caps the free count.
-    Upstream quirks kept: when ``max_cpus`` exceeds the free count the result is
-    ``(|cpus| + |free|) * 1000`` even if that is more than ``max_cpus``; a negative
-    ``max_cpus`` gives ``max_cpus * 1000``."""
-    available = free.bit_count()
-    if components:
-        smallest = min(components)
-        total = smallest * len(components)
-        # Go integer division truncates toward zero.
-        available = min(-(-total // 1000) if total < 0 else total // 1000, available)
-    if max_cpus == 0 or max_cpus > available:
-        return (cpus.bit_count() + available) * 1000
-    return max_cpus * 1000
-
-
-_SHARE_LEVELS = frozenset(
-    ("system", "package", "die", "numa", "l3cache", "l2cache", "core", "thread")
-)
-
-_TREE_GROUPS: weakref.WeakKeyDictionary[Topology, dict[str, list[int]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def tree_level_groups(topology: Topology, level: Level) -> list[int]:
-    """CPU id -> the CPUs of its node at ``level`` of the CPU tree (0 for ids not in
-    the topology). Tree nodes are intersected with their parents (a NUMA node with
-    its die, an L2 group with its NUMA node), as upstream's tree walk sees them.
-    ``l3cache`` is not a tree level; its groups are the topology's L3 groups."""
-    per_topology = _TREE_GROUPS.setdefault(topology, {})
-    table = per_topology.get(level)
-    if table is None:
-        table = [0] * (topology.online.bit_length())
-        if level == "l3cache":
-            masks: Iterable[int] = topology.level_masks("l3cache")
-        else:
-            masks = [n.cpus for n in topology.tree().walk() if n.level == level]
-        for mask in masks:
-            for c in cpuset.ids(mask):
-                table[c] = mask
-        per_topology[level] = table
-    return table
-
-
-def share_idle(balloon_cpus: int, idle: int, level: str, topology: Topology) -> int:
-    """The idle CPUs a balloon shares for ``shareIdleCPUsInSame: level``: the CPUs of
-    ``idle``, minus isolated CPUs, in the ``level`` nodes of the CPU tree that hold
-    any of ``balloon_cpus`` (``shareIdleCpus``). ``""`` shares nothing.
-
-    Deviation: upstream accepts ``l3cache`` but its CPU tree has no such level, so it
-    silently shares nothing; here L3 groups are used."""
-    if not level or not balloon_cpus:
-        return 0
-    idle &= ~topology.isolated
-    if not idle:
-        return 0
-    if level not in _SHARE_LEVELS:
-        raise ValueError(f"unknown topology level {level!r}")
-    table = tree_level_groups(topology, cast(Level, level))
-    touched = expand_groups(table, balloon_cpus & topology.online)
-    return touched & idle
-
-
-# ---------------------------------------------------------------------------
-# virtual devices
-
-
-class VirtualDevice:
-    """A named device whose topology hint is a list of alternative CPU sets.
-
-    The CPU tree allocator reads ``cpusets`` at every resize, so updating a device
-    in place (load classes, cpuClass hints) steers the next allocation."""
-
-    __slots__ = ("cpusets", "name")
-
-    def __init__(self, name: str, cpusets: Iterable[int] = ()) -> None:
-        self.name = name
-        self.cpusets: list[int] = list(cpusets)
-
-    def __repr__(self) -> str:
-        sets = ", ".join(repr(cpuset.format(m)) for m in self.cpusets)
-        return f"{type(self).__name__}({self.name!r}, [{sets}])"
-
-
-LoadLevel = Literal["core", "l2cache"]
-
-
-def loaded_cpus(topology: Topology, level: LoadLevel, cpus: int) -> int:
-    """The CPUs a load on ``cpus`` affects: all threads of their cores (``core``) or
-    all CPUs sharing their L2 caches (``l2cache``)."""
-    if level == "core":
-        return topology.siblings(cpus)
-    if level == "l2cache":
-        return topology.expand(cpus, "l2cache")
-    raise ValueError(f"internal error: not implemented load level {level!r}")
-
-
-class LoadedDevice(VirtualDevice):
-    """The virtual device ``loaded-<level>`` of a load class (``fillLoadVirtDevices``).
-
-    ``update_on_every_cpu`` is the class's ``overloadsLevelInBalloon``: the policy
-    then passes :meth:`add` as the tree allocator's ``on_cpu_pick`` hook."""
-
-    __slots__ = ("level", "topology", "update_on_every_cpu")
-
-    def __init__(self, topology: Topology, level: LoadLevel, update_on_every_cpu: bool = False):
-        if level not in ("core", "l2cache"):
-            raise ValueError(
-                f"internal error: not implemented load level {level!r} "
-                f"used in virtual device {'loaded-' + str(level)!r}"
-            )
-        super().__init__(f"loaded-{level}")
-        self.topology = topology
-        self.level: LoadLevel = level
-        self.update_on_every_cpu = update_on_every_cpu
-
-    def load(self, cpus: int) -> None:
-        """Set the loaded CPUs (the union of the CPUs of every balloon that carries
-        this device) and compute the affected CPUs (``updateLoadedVirtDev`` with
-        overwrite)."""
-        self.cpusets = [loaded_cpus(self.topology, self.level, cpus)]
-        self._log(cpus)
-
-    def add(self, cpus: int) -> None:
-        """Add loaded CPUs to the affected set (``updateLoadedVirtDev`` without
-        overwrite): the hook called after each CPU a balloon picks."""
-        prev = self.cpusets[0] if self.cpusets else 0
-        self.cpusets = [prev | loaded_cpus(self.topology, self.level, cpus)]
-        self._log(cpus)
-
-    def _log(self, cpus: int) -> None:
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "    loaded virtual device %r on CPUs %r affects CPUs %r",
-                self.name,
-                cpuset.format(cpus),
-                cpuset.format(self.cpusets[0]),
-            )
-
-
-# ---------------------------------------------------------------------------
-# the final pick: a port of pkg/cpuallocator
 
 
 class AllocFlag(enum.IntFlag):
@@ -292,56 +74,6 @@ class _CacheGroup:
     efficient: bool
 
 
-class _Prios:
-    """``cpuPriorities`` with ``cmpCPUSet``."""
-
-    __slots__ = ("masks",)
-
-    def __init__(self, masks: tuple[int, int, int]) -> None:
-        self.masks = masks
-
-    def cmp(self, a: int, b: int, prefer: CpuPriority, cnt: int) -> int:
-        """> 0 when ``a`` is preferred, < 0 when ``b`` is, 0 when equal."""
-        if prefer is CpuPriority.NONE:
-            return 0
-        c = self.masks
-        if cnt > 0 and prefer is CpuPriority.LOW:
-            pa, pb = (a & c[prefer]).bit_count(), (b & c[prefer]).bit_count()
-            if pa >= cnt and pb >= cnt:
-                return pb - pa
-            if pa >= cnt or pb >= cnt:
-                return pa - pb
-        if cnt > 0 and prefer is CpuPriority.HIGH:
-            pa, pb = (a & c[prefer]).bit_count(), (b & c[prefer]).bit_count()
-            if pa == 0 and pb == 0:
-                normal = c[CpuPriority.NORMAL]
-                pa, pb = (a & normal).bit_count(), (b & normal).bit_count()
-            if pa >= cnt and pb >= cnt:
-                return pb - pa
-            if pa >= cnt or pb >= cnt:
-                return pa - pb
-        for prio in range(prefer, len(_PRIOS)):
-            pa, pb = (a & c[prio]).bit_count(), (b & c[prio]).bit_count()
-            if cnt > 0 and prio == prefer and pa >= cnt and pb >= cnt:
-                return pb - pa
-            if pa != pb:
-                return pa - pb
-        for prio in range(prefer):
-            na, nb = (a & c[prio]).bit_count(), (b & c[prio]).bit_count()
-            if na != nb:
-                return nb - na
-        return 0
-
-    def key(self, mask: int, prefer: CpuPriority) -> tuple[int, ...]:
-        """A sort key (smaller = preferred) equal to ``cmp(.., cnt <= 0)``."""
-        if prefer is CpuPriority.NONE:
-            return ()
-        c = self.masks
-        return tuple(-(mask & c[p]).bit_count() for p in range(prefer, len(_PRIOS))) + tuple(
-            (mask & c[p]).bit_count() for p in range(prefer)
-        )
-
-
 def _ids_by_group(from_: int, table: list[int]) -> list[tuple[int, int]]:
     """``(lowest cpu, group mask)`` of each group of ``table`` that ``from_`` touches."""
     out: list[tuple[int, int]] = []
@@ -365,12 +97,12 @@ class CpuAllocator:
         self.topology = topology
         prios = cpufreq_priorities(topology) if priorities is None else dict(priorities)
         efficient = topology.efficient_cpus
-        masks = [prios.get(p, 0) & topology.online for p in _PRIOS]
+        masks = [prios.get(p, 0) & topology.online for p in PRIOS]
         if topology.performance_cpus:
             # E-cores never count as high or normal priority CPUs.
             masks[CpuPriority.HIGH] &= ~efficient
             masks[CpuPriority.NORMAL] &= ~efficient
-        self._prios = _Prios((masks[0], masks[1], masks[2]))
+        self._prios = Priorities((masks[0], masks[1], masks[2]))
         self.hybrid = bool(efficient and topology.performance_cpus)
 
         size = topology.online.bit_length()
@@ -384,7 +116,7 @@ class CpuAllocator:
     @property
     def priorities(self) -> dict[CpuPriority, int]:
         """``GetCPUPriorities``: priority -> CPUs."""
-        return {p: self._prios.masks[p] for p in _PRIOS}
+        return {p: self._prios.masks[p] for p in PRIOS}
 
     # -- discovery ------------------------------------------------------------
 
@@ -745,7 +477,7 @@ class _Helper:
         def cpu_prio_key(cpu: int) -> tuple[int, int]:
             if prefer is CpuPriority.NONE:
                 return (0, 0)
-            for p in _PRIOS:
+            for p in PRIOS:
                 if masks[p] >> cpu & 1:
                     return (0, p - prefer) if p >= prefer else (2, -p)
             return (1, 0)
