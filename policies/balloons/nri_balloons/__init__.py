@@ -1,1 +1,1 @@
-"""nri_balloons: the balloons policy (not yet implemented)."""
+"""nri_balloons: the balloons policy (entry point ``balloons = nri_balloons.plugin:plugin``)."""
