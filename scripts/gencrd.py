@@ -30,7 +30,7 @@ import msgspec
 import msgspec.inspect as mi
 import yaml
 from nri_balloons import config as cfg
-from nri_balloons import validation as v
+from nri_balloons import crdschema as v
 from nri_balloons.expression import Expression, Operator
 from nri_balloons.frequency import Frequency
 

@@ -16,7 +16,9 @@ import msgspec.inspect as mi
 import pytest
 import yaml
 from nri_balloons import config as cfg
-from nri_balloons import validation as v
+from nri_balloons import crdschema as v
+from nri_balloons import validation
+from nri_balloons.configdecode import decode_policy
 from nri_balloons.expression import Operator
 from nri_balloons.frequency import Frequency
 
@@ -127,9 +129,9 @@ def test_default_config_cr_validates(
     cr = find(default_docs, "BalloonsPolicy", "default")
     assert errors(openapi(balloons_crd, "v1alpha1"), cr) == []
     # ... and our own strict decoder and validation accept it too.
-    policy = cfg.decode_policy(cr)
+    policy = decode_policy(cr)
     assert policy.name == "default"
-    result = v.validate(policy, online_cpus=None)
+    result = validation.validate(policy, online_cpus=None)
     assert result.errors == []
 
 
@@ -137,7 +139,7 @@ def test_spec_example_validates(balloons_crd: dict[str, Any]) -> None:
     doc = yaml.safe_load(EXAMPLE.read_text())
     assert doc["kind"] == "BalloonsPolicy"
     assert errors(openapi(balloons_crd, "v1alpha1"), doc) == []
-    cfg.decode_policy(doc)
+    decode_policy(doc)
 
 
 def test_bad_cr_is_rejected(balloons_crd: dict[str, Any]) -> None:
@@ -357,7 +359,7 @@ def test_upstream_crd_quirks_are_fixed(balloons_crd: dict[str, Any]) -> None:
         }
     }
     assert errors(schema, good) == []
-    cfg.decode_policy(good)
+    decode_policy(good)
     bad = copy.deepcopy(good)
     bad["spec"]["schedulingClasses"][0]["flags"] = ["reclaim", "bogus"]
     bad["spec"]["balloonTypes"][0]["irqMode"] = "anything"

@@ -38,7 +38,8 @@ from nri_framework.zones import Zone
 
 from nri_balloons import scheduling
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
-from nri_balloons.config import ConfigError, load_policy
+from nri_balloons.configdecode import ConfigError
+from nri_balloons.configyaml import load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.extres import extended_resources
 from nri_balloons.features import unimplemented
@@ -197,7 +198,7 @@ class Balloons:
 
         Reads nothing but the topology: safe in the host's worker thread
         (:meth:`policy_prepare_config`). Parsing is bounded in depth, size
-        and time (:func:`~nri_balloons.config.load_policy`)."""
+        and time (:func:`~nri_balloons.configyaml.load_policy`)."""
         assert self.policy is not None
         try:
             doc = load_policy(text, source=source)

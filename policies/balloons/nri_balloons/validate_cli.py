@@ -32,7 +32,9 @@ from nri_framework.configfile import (
     read_config_file,
 )
 
-from nri_balloons.config import KIND, ConfigError, ConfigSyntaxError, decode_policy, parse_yaml
+from nri_balloons.config import KIND
+from nri_balloons.configdecode import ConfigError, ConfigSyntaxError, decode_policy
+from nri_balloons.configyaml import parse_yaml
 from nri_balloons.gofmt import quote
 from nri_balloons.validation import validate
 

@@ -58,51 +58,17 @@ from nri_balloons.config import (
     merge_legacy_cpu_classes,
 )
 from nri_balloons.crdschema import (
-    ALLOCATOR_PRIORITIES,
     COMPONENT_CREATIONS,
-    CORE_TYPES,
-    IO_CLASSES,
-    IRQ_MODES,
     LOAD_LEVELS,
-    LOG_EXPORTERS,
     MEMORY_TYPES,
-    METRICS_EXPORTERS,
     PCT_PRIORITIES,
-    RESOURCE_DOMAINS,
-    SCHED_FLAGS,
-    SCHED_POLICIES,
-    TOPOLOGY_LEVELS,
-    TRACING_COLLECTORS,
-    TURBO_DOMAINS,
     schema_errors,
 )
 from nri_balloons.expression import ExpressionError
 from nri_balloons.globmatch import BAD_PATTERN, GlobError, check_pattern, go_match
 from nri_balloons.gofmt import list_v, map_v, quote, quote_list
 
-__all__ = [
-    # the enumerations live in nri_balloons.crdschema; scripts/gencrd.py and
-    # tests/chart/test_chart_crds.py still read them here (v.ALLOCATOR_PRIORITIES ...)
-    "ALLOCATOR_PRIORITIES",
-    "COMPONENT_CREATIONS",
-    "CORE_TYPES",
-    "IO_CLASSES",
-    "IRQ_MODES",
-    "LOAD_LEVELS",
-    "LOG_EXPORTERS",
-    "MEMORY_TYPES",
-    "METRICS_EXPORTERS",
-    "PCT_PRIORITIES",
-    "RESOURCE_DOMAINS",
-    "SCHED_FLAGS",
-    "SCHED_POLICIES",
-    "TOPOLOGY_LEVELS",
-    "TRACING_COLLECTORS",
-    "TURBO_DOMAINS",
-    "PreparedConfig",
-    "Validation",
-    "validate",
-]
+__all__ = ["PreparedConfig", "Validation", "validate"]
 
 POLICY = "balloons: "
 INVALID = POLICY + "invalid configuration: "

@@ -7,7 +7,8 @@ import logging
 
 import msgspec
 import pytest
-from nri_balloons.config import BalloonType, load_policy
+from nri_balloons.config import BalloonType
+from nri_balloons.configyaml import load_policy
 from nri_balloons.fillmethod import FILL_METHOD_NAMES, FillMethod, fill_chain
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate

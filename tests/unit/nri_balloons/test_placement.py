@@ -4,7 +4,7 @@ reconfiguration that cannot be set up leaves the running placement as it was."""
 from __future__ import annotations
 
 import pytest
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.placement import Placement, changes_placement
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate

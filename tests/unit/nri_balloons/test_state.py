@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.state import STATE_VERSION, BalloonsState, decode
 from nri_balloons.validation import validate

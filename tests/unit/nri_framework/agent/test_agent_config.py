@@ -7,7 +7,7 @@ import datetime
 import logging
 
 import pytest
-from nri_balloons.config import load_policy
+from nri_balloons.configyaml import load_policy
 from nri_framework.agent.config import (
     ConfigRef,
     effective_name,
