@@ -95,6 +95,12 @@ def imports(module: str) -> list[Import]:
     path = source_of(module)
     if path is None:
         raise ValueError(f"{module}: not one of our modules")
+    return imports_in(path, module)
+
+
+def imports_in(path: Path, module: str) -> list[Import]:
+    """The modules the file ``path``, the module named ``module``, imports (a
+    ``from a import b`` counts ``a.b`` when that is one of our modules)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: list[Import] = []
     for node, optional in _statements(ast.parse(path.read_text(), str(path))):
