@@ -233,8 +233,8 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
     import subprocess
 
     from _tier import unavailable
+    from apiserver_build import StackError
     from kubernetes import client
-    from stack import StackError
 
     t0 = time.monotonic()
     up = False
