@@ -16,14 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from containerd_packages import (
-    DEFAULT_CACHE,
-    PAUSE_IMAGE,
-    EnvError,
-    _binaries,
-    _run,
-    runtime_info,
-)
+from containerd_packages import DEFAULT_CACHE, PAUSE_IMAGE, EnvError, _binaries, _run, runtime_info
 
 
 class ContainerdConfig:

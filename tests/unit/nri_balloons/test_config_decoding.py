@@ -17,11 +17,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 from config_checks import EXAMPLE
-from nri_balloons.config import (
-    BalloonsPolicy,
-    BalloonsPolicySpec,
-    to_builtins,
-)
+from nri_balloons.config import BalloonsPolicy, BalloonsPolicySpec, to_builtins
 from nri_balloons.configdecode import ConfigError, ConfigSyntaxError
 from nri_balloons.configyaml import load_policy
 from nri_balloons.frequency import Frequency

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import pytest
 from config_checks import check
-from nri_balloons.config import (
-    CPUClass,
-    merge_legacy_cpu_classes,
-)
+from nri_balloons.config import CPUClass, merge_legacy_cpu_classes
 from nri_balloons.configdecode import ConfigError
 from nri_balloons.configyaml import load_policy
 from nri_balloons.frequency import Frequency

@@ -15,12 +15,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from nri_framework.model import (
-    CpuResources,
-    Resources,
-    Update,
-    cpu_pin,
-)
+from nri_framework.model import CpuResources, Resources, Update, cpu_pin
 from nri_framework.nri.ttrpc import Code, TtrpcError
 from nri_framework.pb import nri_pb2 as pb
 from nri_framework.simulate.runtime import NriError

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from nri_framework.model import (
-    CpuResources,
-    Event,
-    Resources,
-)
+from nri_framework.model import CpuResources, Event, Resources
 from nri_framework.pb import nri_pb2 as pb
 from nri_framework.simulate.emulation import NRI_V0_12
 from nri_framework.simulate.runtime import SimulatedRuntime

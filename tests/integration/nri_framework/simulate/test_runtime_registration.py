@@ -17,20 +17,11 @@ import logging
 import os
 
 import pytest
-from nri_framework.model import (
-    Event,
-)
+from nri_framework.model import Event
 from nri_framework.nri.ttrpc import Code
 from nri_framework.pb import nri_pb2 as pb
 from nri_framework.simulate.emulation import CONTAINERD_1_7, NRI_V0_12, Emulation
-from runtime_peers import (
-    ALL_V06,
-    MakeRuntime,
-    PinPolicy,
-    RawPlugin,
-    stub_plugin,
-    until,
-)
+from runtime_peers import ALL_V06, MakeRuntime, PinPolicy, RawPlugin, stub_plugin, until
 
 # --- registration and Configure -----------------------------------------------------
 
