@@ -5,10 +5,7 @@ the 1.x plugin ids for 1.x, version 3 with the split CRI plugins for 2.x.  The d
 keeps root/state/sockets under ``work_dir``; runc's state is moved under ``work_dir``
 too (runc option ``Root``).
 
-Neighbours: :mod:`containerd_packages` (the runtimes, the Debian fetch, the images),
-:mod:`containerd_config` (the work dir and the config of the binary found),
-:mod:`containerd_host` (what containerd leaves on the host, processes by PID),
-:mod:`containerd_env` (the daemon's lifecycle and the CLI).
+Its neighbours (the environment's other modules): see :mod:`containerd_env`.
 """
 
 from __future__ import annotations

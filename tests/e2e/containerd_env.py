@@ -164,25 +164,8 @@ class ContainerdEnv(ContainerdConfig):
     >>> env.stop()
     """
 
-    def __init__(
-        self,
-        cache_dir: Path | str | None = None,
-        work_dir: Path | str = "",
-        *,
-        log_level: str = "info",
-        request_timeout: str = "2s",
-        registration_timeout: str = "5s",
-    ) -> None:
-        """See :class:`~containerd_config.ContainerdConfig`."""
-        super().__init__(
-            cache_dir,
-            work_dir,
-            log_level=log_level,
-            request_timeout=request_timeout,
-            registration_timeout=registration_timeout,
-        )
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_fh: io.BufferedWriter | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+    _log_fh: io.BufferedWriter | None = None
 
     @property
     def pid(self) -> int | None:

@@ -5,10 +5,7 @@ Containerd creates ``/run/containerd/{s,fifo,runc}`` and the cgroups ``kubepods`
 them before ``start()`` and removes what is new in ``stop()``, with the helpers here
 (mount table, cgroup trees, ``umount2``, ``/proc`` scans).
 
-Neighbours: :mod:`containerd_packages` (the runtimes, the Debian fetch, the images),
-:mod:`containerd_config` (the work dir and the config of the binary found),
-:mod:`containerd_host` (what containerd leaves on the host, processes by PID),
-:mod:`containerd_env` (the daemon's lifecycle and the CLI).
+Its neighbours (the environment's other modules): see :mod:`containerd_env`.
 """
 
 from __future__ import annotations

@@ -22,10 +22,7 @@ Where the pieces come from (nothing is installed into the system):
 
 Stdlib only.
 
-Neighbours: :mod:`containerd_packages` (the runtimes, the Debian fetch, the images),
-:mod:`containerd_config` (the work dir and the config of the binary found),
-:mod:`containerd_host` (what containerd leaves on the host, processes by PID),
-:mod:`containerd_env` (the daemon's lifecycle and the CLI).
+Its neighbours (the environment's other modules): see :mod:`containerd_env`.
 """
 
 from __future__ import annotations
@@ -42,11 +39,8 @@ import tarfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
-
-from _debian import apt_config, apt_env, debian_source, run  # noqa: E402
+# tests/ is on sys.path: containerd_env.py and conftest.py put it there
+from _debian import apt_config, apt_env, debian_source, run
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.8"
 BUSYBOX_IMAGE = "docker.io/library/busybox:local"

@@ -27,13 +27,7 @@ Two things this machine cannot give, and what the tests do instead:
   configuration on a sysfs tree the size of this machine
   (``test_daemonset_default_chart_pins_started_containers``) starts one.
 
-The DaemonSet e2e modules: :mod:`test_daemonset_e2e` (the plugin pod on the real
-runtime with the API server stack: pinning, PCT programming, restarts, the default
-chart), :mod:`test_daemonset_pod_spec_e2e` (the pod spec as the runtime gets it:
-the CRI translation, the stand-in's refusals, the security context);
-:mod:`daemonset_node` (the node around the pod: its directories, the kubelet
-stand-in, the plugin pod's handle, the pinning checks); :mod:`daemonset_fixtures`
-(the chart render, the API front, the images).
+Where the neighbouring test modules are: see :mod:`daemonset_node`.
 """
 
 from __future__ import annotations

@@ -8,10 +8,7 @@ in GOPATH mode, ``etcd`` comes from sid's ``etcd-server``.
 call costs nothing. The .debs, the unpacked tree and the Go cache are removed
 after the build.
 
-Neighbours: :mod:`apiserver_build` (the two binaries, built from Debian sources),
-:mod:`standins` (the built-in kinds served from CRDs, discovery, OpenAPI),
-:mod:`node_proxy` (the loopback proxy that serves them), :mod:`stack` (the processes,
-the tests' API and the ``build``/``up`` CLI).
+Its neighbours (the stack's other modules): see :mod:`stack`.
 """
 
 from __future__ import annotations
@@ -28,19 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
-
-from _debian import (  # noqa: E402
-    CommandError,
-    apt_config,
-    apt_env,
-    cache_lock,
-    debian_source,
-    dpkg_extract,
-    run,
-)
+# tests/ is on sys.path: stack.py and the conftest.py files put it there
+from _debian import CommandError, apt_config, apt_env, cache_lock, debian_source, dpkg_extract, run
 
 #: bump when the build recipe changes: a cached build of another recipe is redone
 RECIPE = 1

@@ -3,10 +3,7 @@
 Started by :class:`stack.Stack` as ``python tests/k8s/stack.py proxy ...`` (a process of
 its own, on loopback); see :func:`proxy_main`.
 
-Neighbours: :mod:`apiserver_build` (the two binaries, built from Debian sources),
-:mod:`standins` (the built-in kinds served from CRDs, discovery, OpenAPI),
-:mod:`node_proxy` (the loopback proxy that serves them), :mod:`stack` (the processes,
-the tests' API and the ``build``/``up`` CLI).
+Its neighbours (the stack's other modules): see :mod:`stack`.
 """
 
 from __future__ import annotations

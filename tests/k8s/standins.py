@@ -26,10 +26,7 @@ The node proxy (:mod:`node_proxy`) serves these paths from stand-in CRDs:
   OpenAPI says so, see ``_openapi_v3``). No schemas in that OpenAPI: ``kubectl
   explain`` does not work.
 
-Neighbours: :mod:`apiserver_build` (the two binaries, built from Debian sources),
-:mod:`standins` (the built-in kinds served from CRDs, discovery, OpenAPI),
-:mod:`node_proxy` (the loopback proxy that serves them), :mod:`stack` (the processes,
-the tests' API and the ``build``/``up`` CLI).
+Its neighbours (the stack's other modules): see :mod:`stack`.
 """
 
 from __future__ import annotations

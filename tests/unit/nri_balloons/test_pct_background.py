@@ -2,11 +2,8 @@
 plugin's background commit (hooks run meanwhile, a new configuration stops it, a
 settled background publishes again), and the wait given to each blocking call.
 
-The PCT unit tests: :mod:`test_pct` (the plan, its programming, association and
-hints), :mod:`test_pct_degraded` (a helper absent, dead, refusing or restarted),
-:mod:`test_pct_background` (the waits: the reply path's budget, the background
-commit, each call's own timeout), :mod:`test_pct_smt_cores` (CLOS per core on an SMT
-node); the in-process helper and the shared builders are in :mod:`pct_helpers`."""
+Where the neighbouring test modules are: see :mod:`pct_helpers`.
+"""
 
 from __future__ import annotations
 

@@ -3,11 +3,8 @@ SST, a dead helper (PCT degrades, placement does not), a refused programming, an
 restarts of either side (issue #10: a new handshake, a timed-out association, a
 restarted helper or plugin keeps what SST holds).
 
-The PCT unit tests: :mod:`test_pct` (the plan, its programming, association and
-hints), :mod:`test_pct_degraded` (a helper absent, dead, refusing or restarted),
-:mod:`test_pct_background` (the waits: the reply path's budget, the background
-commit, each call's own timeout), :mod:`test_pct_smt_cores` (CLOS per core on an SMT
-node); the in-process helper and the shared builders are in :mod:`pct_helpers`."""
+Where the neighbouring test modules are: see :mod:`pct_helpers`.
+"""
 
 from __future__ import annotations
 

@@ -3,12 +3,7 @@ every error printed, a host root, unreadable and unparseable files, several docu
 
 Every error text is asserted verbatim, each triggered by a concrete YAML.
 
-The BalloonsPolicy tests: :mod:`test_config` (validation and every error text),
-:mod:`test_config_defaults` (warnings, defaults, built-in balloon types, legacy cpu
-classes), :mod:`test_config_decoding` (decoding errors, round trip, module homes),
-:mod:`test_validate_cli` (the ``validate`` command); their shared builders
-(:func:`~config_checks.check`, :func:`~config_checks.errors`) are in
-:mod:`config_checks`.
+Where the neighbouring test modules are: see :mod:`config_checks`.
 """
 
 from __future__ import annotations

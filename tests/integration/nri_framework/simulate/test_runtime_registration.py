@@ -2,12 +2,7 @@
 Configure request of each emulated version, the event mask, invalid registrations,
 the registration timeout, plugins admitted one at a time.
 
-The runtime simulator's integration tests: :mod:`test_runtime_registration`
-(registration and Configure), :mod:`test_runtime_synchronize` (Synchronize and its
-paging), :mod:`test_runtime_containers` (CreateContainer, UpdateContainer, unsolicited
-updates), :mod:`test_runtime_events` (lifecycle events, the v0.12 RPCs, stop); the
-plugin peers are in :mod:`runtime_peers`, the fixtures (``sock_dir``,
-``make_runtime``) in ``conftest.py``.
+Where the neighbouring test modules are: see :mod:`runtime_peers`.
 """
 
 from __future__ import annotations
