@@ -34,10 +34,10 @@ for _p in (_HERE, _HERE.parent, _REPO / "framework"):
         sys.path.insert(0, str(_p))
 
 import _tier  # noqa: E402
-from containerd_env import (  # noqa: E402
+from containerd_env import ContainerdEnv  # noqa: E402
+from containerd_packages import (  # noqa: E402
     DEFAULT_CACHE,
     RUNTIMES,
-    ContainerdEnv,
     EnvError,
     fetch,
     runtime_cache,

@@ -7,28 +7,10 @@ Stdlib only.  Usable both as a module (``ContainerdEnv``) and as a tool::
     python tests/e2e/containerd_env.py up    [--cache DIR] [--runtime ...] --work DIR
     python tests/e2e/containerd_env.py down  --work DIR
 
-The runtimes (:data:`RUNTIMES`), each unpacked in its own cache directory
-(:func:`runtime_cache`):
-
-* ``containerd-1.7``: containerd 1.7 (NRI 0.6.1) from Debian **trixie**, in ``CACHE``
-  itself (the layout of before the matrix);
-* ``containerd-2.1``: containerd 2.1 (NRI 0.8.0) from Debian **sid**, in
-  ``CACHE/containerd-2.1``.
-
-Where the pieces come from (nothing is installed into the system):
-
-* ``containerd`` and ``busybox-static`` from the runtime's Debian suite, fetched with a
-  private ``APT_CONFIG`` so the system's APT sources and lists stay untouched;
-* ``runc`` from the system's own (bookworm) sources, for both: trixie's and sid's runc
-  need a newer glibc than bookworm has (and both containerds' runc shims drive it);
-* every ``.deb`` is unpacked with ``dpkg -x`` into ``<runtime cache>/root``;
-* two images are built locally as OCI-layout tarballs from the static busybox
-  (no registry is reachable): ``BUSYBOX_IMAGE`` (cmd ``sh``) and ``PAUSE_IMAGE``
-  (``registry.k8s.io/pause:3.8``, cmd ``/bin/sleep inf``), imported with
-  ``ctr -n k8s.io images import`` at start.
-
-The config is the one of the binary found (``containerd --version``): version 2 with
-the 1.x plugin ids for 1.x, version 3 with the split CRI plugins for 2.x.
+The runtimes (``containerd-1.7`` from Debian trixie, ``containerd-2.1`` from sid) and
+their fetch are in :mod:`containerd_packages`; the config of each version in
+:mod:`containerd_config`.  This module is the daemon's lifecycle: start, wait for CRI
+(:func:`cri_version_probe`), import the two images, stop and clean up.
 
 The daemon keeps root/state/sockets under ``work_dir``.  Runc's state is moved under
 ``work_dir`` too (runc option ``Root``).  A few things containerd puts outside
@@ -38,15 +20,16 @@ hierarchy) are recorded before start and removed again by ``stop()``.
 Needs root.  Machine facts this was made for (see the NRI reference note, part B):
 root without CAP_SYS_RESOURCE (hence ``restrict_oom_score_adj = true``), no CNI
 (pods must use the host network and must not set a hostname).
+
+Neighbours: :mod:`containerd_packages` (the runtimes, the Debian fetch, the images),
+:mod:`containerd_config` (the work dir and the config of the binary found),
+:mod:`containerd_host` (what containerd leaves on the host, processes by PID).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
-import errno
 import hashlib
 import io
 import json
@@ -58,401 +41,45 @@ import socket
 import struct
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 _TESTS = Path(__file__).resolve().parents[1]
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
-from _debian import apt_config, apt_env, debian_source, run  # noqa: E402
-
-PAUSE_IMAGE = "registry.k8s.io/pause:3.8"
-BUSYBOX_IMAGE = "docker.io/library/busybox:local"
-K8S_NAMESPACE = "k8s.io"
-
-DEFAULT_CACHE = Path(
-    os.environ.get("NRI_E2E_CACHE") or Path.home() / ".cache" / "nri-resource-policy" / "e2e"
+from containerd_config import ContainerdConfig  # noqa: E402
+from containerd_host import (  # noqa: E402
+    CGROUP_NAMES,
+    RUN_CONTAINERD,
+    RUN_SUBDIRS,
+    _cgroup_dirs,
+    _cgroup_mounts,
+    _cmdline,
+    _kill,
+    _mounts_under,
+    _pid_alive,
+    _run_entries,
+    _umount,
+    _wait_gone,
 )
-
-TRIXIE_SOURCE = debian_source("trixie")
-SYSTEM_PACKAGES = ("runc",)
-
-
-class Runtime(NamedTuple):
-    """One containerd of the matrix: where it comes from, where it is cached."""
-
-    id: str
-    #: the Debian suite its packages come from
-    suite: str
-    #: its cache directory under the e2e cache ("": the cache itself)
-    subdir: str
-    #: ``major.minor`` its containerd package must have (a moved suite fails loudly)
-    series: str
-    packages: tuple[str, ...] = ("containerd", "busybox-static")
-
-
-RUNTIMES = {
-    rt.id: rt
-    for rt in (
-        Runtime("containerd-1.7", "trixie", "", "1.7"),
-        Runtime("containerd-2.1", "sid", "containerd-2.1", "2.1"),
-    )
-}
-DEFAULT_RUNTIME = "containerd-1.7"
-RUNTIME_FILE = "runtime.json"
-
-# cgroup directory names (top level of each hierarchy) that containerd/CRI/runc create
-CGROUP_NAMES = ("kubepods", "k8s.io")
-RUN_CONTAINERD = Path("/run/containerd")
-RUN_SUBDIRS = ("s", "fifo", "runc")
+from containerd_packages import (  # noqa: E402
+    DEFAULT_CACHE,
+    DEFAULT_RUNTIME,
+    K8S_NAMESPACE,
+    RUNTIMES,
+    EnvError,
+    _binaries,
+    _log,
+    _run,
+    fetch,
+    runtime_cache,
+)
 
 STATE_FILE = "env-state.json"
 #: the end of containerd's log line when the CRI plugin did not load (1.7 and 2.x)
 CRI_LOAD_FAILED = re.compile(r'msg="failed to load plugin".* id=io\.containerd\.grpc\.v1\.cri ')
-
-
-class EnvError(RuntimeError):
-    """Raised when the environment cannot be fetched or started."""
-
-
-def _log(msg: str) -> None:
-    print(f"[containerd-env] {msg}", file=sys.stderr, flush=True)
-
-
-def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    """:func:`_debian.run` raising :class:`EnvError`."""
-    return run(cmd, error=EnvError, **kw)
-
-
-# --------------------------------------------------------------------------- fetch
-
-
-def _apt_config(cache: Path, suite: str = "trixie") -> Path:
-    """The private APT configuration of ``suite`` under ``cache/apt`` (see :mod:`_debian`)."""
-    return apt_config(cache / "apt", debian_source(suite))
-
-
-def runtime_cache(cache: Path | str, runtime: str = DEFAULT_RUNTIME) -> Path:
-    """The cache directory of ``runtime`` under the e2e cache ``cache``."""
-    rt = _runtime(runtime)
-    base = Path(cache).expanduser().resolve()
-    return base / rt.subdir if rt.subdir else base
-
-
-def _runtime(runtime: str) -> Runtime:
-    try:
-        return RUNTIMES[runtime]
-    except KeyError:
-        raise EnvError(f"unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}") from None
-
-
-def cached_runtime(cache: Path) -> Runtime:
-    """The runtime ``fetch`` put into ``cache`` (a cache of before the matrix: 1.7)."""
-    try:
-        return _runtime(json.loads((cache / RUNTIME_FILE).read_text())["id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return RUNTIMES[DEFAULT_RUNTIME]
-
-
-def _find_file(
-    root: Path, name: str, dirs: tuple[str, ...] = ("usr/bin", "usr/sbin", "bin", "sbin")
-) -> Path | None:
-    for d in dirs:
-        p = root / d / name
-        if p.is_file():
-            return p
-    return None
-
-
-def _binaries(cache: Path) -> dict[str, Path | None]:
-    root = cache / "root"
-    return {
-        name: _find_file(root, name)
-        for name in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox")
-    }
-
-
-def _debs(cache: Path, pkg: str) -> list[Path]:
-    return sorted((cache / "debs").glob(f"{pkg}_*.deb"))
-
-
-def _save_runtime(cache: Path, rt: Runtime, deb: Path | None = None) -> None:
-    """``cache/runtime.json``: which runtime, and what its package says it embeds."""
-    info: dict[str, str] = {"id": rt.id, "suite": rt.suite}
-    if deb is not None:
-        fields = _run(["dpkg-deb", "-f", str(deb), "Version", "Built-Using", "Static-Built-Using"])
-        info["package_version"] = fields.stdout.split("\n")[0].partition(": ")[2].strip()
-        m = re.search(r"golang-github-containerd-nri \(= ([\d.]+)", fields.stdout)
-        info["nri_version"] = m.group(1) if m else ""
-    (cache / RUNTIME_FILE).write_text(json.dumps(info) + "\n")
-
-
-def runtime_info(cache: Path) -> dict[str, str]:
-    """What :func:`fetch` recorded about the runtime in ``cache`` (``id``, ``suite``,
-    ``package_version``, ``nri_version``: the NRI its Debian package was built with)."""
-    try:
-        info: dict[str, str] = json.loads((cache / RUNTIME_FILE).read_text())
-        return info
-    except (OSError, ValueError):
-        return {}
-
-
-def fetch(
-    cache: Path | str = DEFAULT_CACHE, *, runtime: str | None = None, quiet: bool = False
-) -> dict[str, Path]:
-    """Download and unpack ``runtime`` into ``cache`` (that runtime's own cache
-    directory, see :func:`runtime_cache`); build the images.  Idempotent.
-
-    ``runtime`` None: the one fetched into ``cache`` before (default 1.7)."""
-    cache = Path(cache).expanduser().resolve()
-    rt = _runtime(runtime) if runtime else cached_runtime(cache)
-    say = (lambda m: None) if quiet else _log
-    debdir = cache / "debs"
-    debdir.mkdir(parents=True, exist_ok=True)
-    _save_runtime(cache, rt)
-    if os.geteuid() != 0:
-        # apt-get download works as a user, but nothing else here does
-        say("warning: not root; containerd will not be usable")
-
-    missing = [p for p in rt.packages if not _debs(cache, p)]
-    if missing:
-        conf = _apt_config(cache, rt.suite)
-        env = apt_env(conf)
-        if not any((cache / "apt" / "lists").glob("*Packages*")):
-            say(f"apt-get update (private {rt.suite} sources)")
-            _run(["apt-get", "update", "-q"], env=env)
-        say(f"apt-get download ({rt.suite}) {' '.join(missing)}")
-        try:
-            _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env)
-        except EnvError:
-            say(f"download failed; refreshing the private {rt.suite} lists and retrying")
-            _run(["apt-get", "update", "-q"], env=env)
-            _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env)
-    else:
-        say(f"cached: {', '.join(p.name for t in rt.packages for p in _debs(cache, t))}")
-    ctd = _debs(cache, "containerd")
-    # containerd_2.1.9~ds1-1_amd64.deb: the suite moved on when this is not rt.series
-    got = ctd[-1].name.split("_")[1].split(":")[-1] if ctd else ""
-    if not got.startswith(rt.series + "."):
-        raise EnvError(
-            f"{rt.id}: Debian {rt.suite} has containerd {got or '(none)'}, not {rt.series}.x; "
-            f"update RUNTIMES in {Path(__file__).name}"
-        )
-
-    missing_sys = [p for p in SYSTEM_PACKAGES if not _debs(cache, p)]
-    if missing_sys:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        env.pop("APT_CONFIG", None)
-        cmd = ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", *missing_sys]
-        say(f"apt-get download (system sources) {' '.join(missing_sys)}")
-        if _run(cmd, cwd=debdir, env=env, check=False).returncode != 0:
-            say("download failed; apt-get update (system sources) and retrying")
-            _run(["apt-get", "update", "-q"], env=env)
-            _run(cmd, cwd=debdir, env=env)
-    else:
-        say(f"cached: {', '.join(p.name for t in SYSTEM_PACKAGES for p in _debs(cache, t))}")
-
-    # unpack: redo it when the set of .debs differs from what was unpacked
-    root = cache / "root"
-    stamp = cache / "root.stamp"
-    debs = sorted(p.name for pkg in (*rt.packages, *SYSTEM_PACKAGES) for p in _debs(cache, pkg))
-    if not (
-        stamp.is_file() and stamp.read_text().split() == debs and all(_binaries(cache).values())
-    ):
-        if root.exists():
-            shutil.rmtree(root)
-        root.mkdir(parents=True)
-        for name in debs:
-            say(f"dpkg -x {name}")
-            _run(["dpkg", "-x", str(debdir / name), str(root)])
-        stamp.write_text("\n".join(debs) + "\n")
-    else:
-        say(f"cached: {root}")
-    bins = _binaries(cache)
-    absent = [k for k, v in bins.items() if v is None]
-    if absent:
-        raise EnvError(f"unpacked packages lack {absent} under {root}")
-    out = _run([str(bins["runc"]), "--version"], check=False)
-    if out.returncode != 0:
-        raise EnvError(f"runc does not run here: {out.stderr.strip()}")
-
-    _save_runtime(cache, rt, ctd[-1])
-    images = build_images(cache, Path(bins["busybox"]), say=say)  # type: ignore[arg-type]
-    result: dict[str, Path] = {k: v for k, v in bins.items() if v is not None}
-    result.update(images)
-    return result
-
-
-# --------------------------------------------------------------------------- images
-
-
-def _go_arch() -> str:
-    m = os.uname().machine
-    return {
-        "x86_64": "amd64",
-        "aarch64": "arm64",
-        "armv7l": "arm",
-        "ppc64le": "ppc64le",
-        "s390x": "s390x",
-        "riscv64": "riscv64",
-    }.get(m, m)
-
-
-def _tar_add(
-    tar: tarfile.TarFile,
-    name: str,
-    *,
-    data: bytes | None = None,
-    mode: int = 0o644,
-    kind: bytes = tarfile.REGTYPE,
-    link: str = "",
-) -> None:
-    ti = tarfile.TarInfo(name)
-    ti.mtime = 0
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = "root"
-    ti.mode = mode
-    ti.type = kind
-    ti.linkname = link
-    ti.size = len(data) if data is not None else 0
-    tar.addfile(ti, io.BytesIO(data) if data is not None else None)
-
-
-def _busybox_layer(busybox: Path) -> bytes:
-    applets = _run([str(busybox), "--list"]).stdout.split()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for d, mode in (
-            ("bin", 0o755),
-            ("dev", 0o755),
-            ("etc", 0o755),
-            ("proc", 0o555),
-            ("root", 0o700),
-            ("sys", 0o555),
-            ("tmp", 0o1777),
-            ("var", 0o755),
-        ):
-            _tar_add(tar, d, mode=mode, kind=tarfile.DIRTYPE)
-        _tar_add(tar, "bin/busybox", data=busybox.read_bytes(), mode=0o755)
-        for a in sorted(set(applets) - {"busybox"}):
-            _tar_add(tar, f"bin/{a}", kind=tarfile.SYMTYPE, link="busybox", mode=0o777)
-        _tar_add(
-            tar,
-            "etc/passwd",
-            data=b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
-        )
-        _tar_add(tar, "etc/group", data=b"root:x:0:\nnogroup:x:65534:\n")
-    return buf.getvalue()
-
-
-def _oci_archive(ref: str, layer: bytes, cmd: list[str]) -> bytes:
-    def blob(data: bytes) -> tuple[str, bytes]:
-        return "sha256:" + hashlib.sha256(data).hexdigest(), data
-
-    def dumps(obj: object) -> bytes:
-        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-    arch = _go_arch()
-    layer_digest, _ = blob(layer)
-    config = dumps(
-        {
-            "created": "1970-01-01T00:00:00Z",
-            "architecture": arch,
-            "os": "linux",
-            "config": {
-                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                "Cmd": cmd,
-                "WorkingDir": "/",
-            },
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "containerd_env.py"}],
-        }
-    )
-    config_digest, _ = blob(config)
-    manifest = dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": config_digest,
-                "size": len(config),
-            },
-            "layers": [
-                {
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest,
-                    "size": len(layer),
-                }
-            ],
-        }
-    )
-    manifest_digest, _ = blob(manifest)
-    index = dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": [
-                {
-                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": manifest_digest,
-                    "size": len(manifest),
-                    "platform": {"architecture": arch, "os": "linux"},
-                    "annotations": {
-                        "io.containerd.image.name": ref,
-                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1],
-                    },
-                }
-            ],
-        }
-    )
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _tar_add(tar, "oci-layout", data=b'{"imageLayoutVersion":"1.0.0"}')
-        _tar_add(tar, "index.json", data=index)
-        _tar_add(tar, "blobs", mode=0o755, kind=tarfile.DIRTYPE)
-        _tar_add(tar, "blobs/sha256", mode=0o755, kind=tarfile.DIRTYPE)
-        for data in (layer, config, manifest):
-            _tar_add(tar, "blobs/sha256/" + hashlib.sha256(data).hexdigest(), data=data)
-    return buf.getvalue()
-
-
-IMAGE_SPECS = {
-    # file name: (reference, command)
-    "busybox.tar": (BUSYBOX_IMAGE, ["sh"]),
-    "pause.tar": (PAUSE_IMAGE, ["/bin/sleep", "inf"]),
-}
-
-
-def build_images(cache: Path, busybox: Path, say=_log) -> dict[str, Path]:  # type: ignore[no-untyped-def]
-    imgdir = cache / "images"
-    imgdir.mkdir(parents=True, exist_ok=True)
-    stamp_key = hashlib.sha256(
-        busybox.read_bytes() + json.dumps(IMAGE_SPECS, sort_keys=True).encode()
-    ).hexdigest()
-    stamp = imgdir / "images.stamp"
-    out = {name: imgdir / name for name in IMAGE_SPECS}
-    if (
-        stamp.is_file()
-        and stamp.read_text().strip() == stamp_key
-        and all(p.is_file() for p in out.values())
-    ):
-        say(f"cached: {', '.join(str(p) for p in out.values())}")
-        return out
-    layer = _busybox_layer(busybox)
-    for name, (ref, cmd) in IMAGE_SPECS.items():
-        tmp = out[name].with_suffix(".tmp")
-        tmp.write_bytes(_oci_archive(ref, layer, cmd))
-        tmp.replace(out[name])
-        say(f"built {out[name]} ({ref}, cmd {cmd})")
-    stamp.write_text(stamp_key + "\n")
-    return out
-
-
-# --------------------------------------------------------------------------- CRI probe
 
 
 def _h2_frame(ftype: int, flags: int, stream: int, payload: bytes) -> bytes:
@@ -529,106 +156,7 @@ def cri_version_probe(sock_path: str | Path, timeout: float = 2.0) -> bool:
 # --------------------------------------------------------------------------- system helpers
 
 
-def _cgroup_mounts() -> list[Path]:
-    mounts = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fstype = right.split()[0] if right else ""
-            if fstype in ("cgroup", "cgroup2"):
-                mounts.append(Path(_unescape(left.split()[4])))
-    return mounts
-
-
-def _unescape(path: str) -> str:
-    return path.encode().decode("unicode_escape") if "\\" in path else path
-
-
-def _cgroup_dirs() -> list[str]:
-    """All cgroup directories under the names containerd/CRI create, in every hierarchy."""
-    found = []
-    for mnt in _cgroup_mounts():
-        for name in CGROUP_NAMES:
-            top = mnt / name
-            if top.is_dir():
-                for dirpath, _dirs, _files in os.walk(top):
-                    found.append(dirpath)
-    return found
-
-
-def _run_entries() -> list[str]:
-    out = []
-    if RUN_CONTAINERD.is_dir():
-        out.append(str(RUN_CONTAINERD))
-        for sub in RUN_SUBDIRS:
-            d = RUN_CONTAINERD / sub
-            if d.is_dir():
-                out.append(str(d))
-                for e in d.iterdir():
-                    out.append(str(e))
-                    if sub == "runc" and e.is_dir():
-                        out.extend(str(x) for x in e.iterdir())
-    return out
-
-
-def _mounts_under(prefix: Path) -> list[str]:
-    pre = str(prefix).rstrip("/") + "/"
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = _unescape(line.split()[4])
-            if mp.startswith(pre) or mp == pre.rstrip("/"):
-                found.append(mp)
-    return found
-
-
-_libc = None
-
-
-def _umount(path: str) -> None:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if _libc.umount2(path.encode(), 2) != 0:  # MNT_DETACH
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOENT):
-            _log(f"umount {path}: {os.strerror(err)}")
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    left = [p for p in pids if _pid_alive(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = [p for p in left if _pid_alive(p)]
-    return left
-
-
-def _kill(pids: list[int], sig: int) -> None:
-    for p in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, sig)
-
-
-# --------------------------------------------------------------------------- the env
-
-
-class ContainerdEnv:
+class ContainerdEnv(ContainerdConfig):
     """A containerd daemon (1.7 or 2.x) with NRI enabled, everything under ``work_dir``.
 
     >>> env = ContainerdEnv(cache_dir, work_dir); env.start()
@@ -636,92 +164,12 @@ class ContainerdEnv:
     >>> env.stop()
     """
 
-    def __init__(
-        self,
-        cache_dir: Path | str | None = None,
-        work_dir: Path | str = "",
-        *,
-        log_level: str = "info",
-        request_timeout: str = "2s",
-        registration_timeout: str = "5s",
-    ) -> None:
-        """``request_timeout``/``registration_timeout``: containerd's
-        ``plugin_request_timeout``/``plugin_registration_timeout`` (Go durations)."""
-        if not work_dir:
-            raise ValueError("work_dir is required")
-        self.cache_dir = Path(cache_dir or DEFAULT_CACHE).expanduser().resolve()
-        self.work_dir = Path(work_dir).expanduser().resolve()
-        self.log_level = log_level
-        self.request_timeout = request_timeout
-        self.registration_timeout = registration_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_fh: io.BufferedWriter | None = None
-        self.bins: dict[str, Path] = {}
-
-    @property
-    def runtime(self) -> dict[str, str]:
-        """What :func:`fetch` recorded about this cache's runtime (see :func:`runtime_info`)."""
-        return runtime_info(self.cache_dir)
-
-    @property
-    def nri_version(self) -> tuple[int, ...]:
-        """The NRI its Debian package was built with (``(0, 8, 0)``); () when unknown."""
-        m = re.match(r"\d+(?:\.\d+)*", self.runtime.get("nri_version", ""))
-        return tuple(int(x) for x in m.group(0).split(".")) if m else ()
-
-    # ---- paths
-    @property
-    def cri_socket(self) -> Path:
-        """containerd's gRPC socket; the CRI services are served on it."""
-        return self.work_dir / "containerd.sock"
-
-    @property
-    def address(self) -> Path:
-        return self.cri_socket
-
-    @property
-    def ttrpc_socket(self) -> Path:
-        return self.work_dir / "containerd.sock.ttrpc"
-
-    @property
-    def nri_socket(self) -> Path:
-        return self.work_dir / "nri" / "nri.sock"
-
-    @property
-    def nri_plugin_path(self) -> Path:
-        """Pre-launched plugins go here (executables named ``NN-name``)."""
-        return self.work_dir / "nri" / "plugins"
-
-    @property
-    def nri_plugin_config_path(self) -> Path:
-        return self.work_dir / "nri" / "conf.d"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "containerd.log"
-
-    @property
-    def config_path(self) -> Path:
-        return self.work_dir / "config.toml"
-
-    @property
-    def pod_log_dir(self) -> Path:
-        """A directory for pod sandboxes' ``log_directory`` (cleaned by ``stop()``)."""
-        return self.work_dir / "pod-logs"
-
-    @property
-    def runc_root(self) -> Path:
-        return self.work_dir / "runc"
+    _proc: subprocess.Popen[bytes] | None = None
+    _log_fh: io.BufferedWriter | None = None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else self._state().get("pid")
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
 
     # ---- state shared with `down` in another process
     def _state(self) -> dict[str, Any]:
@@ -735,175 +183,6 @@ class ContainerdEnv:
         st = self._state()
         st.update(kw)
         (self.work_dir / STATE_FILE).write_text(json.dumps(st, indent=1))
-
-    # ---- config
-    def containerd_version(self) -> str:
-        """What the binary says it is (``containerd --version``: ``2.1.9+unknown``)."""
-        if not self.bins:
-            self.bins = {k: v for k, v in _binaries(self.cache_dir).items() if v}
-        out = _run([str(self.bins["containerd"]), "--version"]).stdout.split()
-        if len(out) < 3:
-            raise EnvError(f"unexpected `containerd --version` output: {out}")
-        return out[2]
-
-    def _nri_section(self, q: str) -> str:
-        return f"""\
-  [plugins.{q}io.containerd.nri.v1.nri{q}]
-    disable = false
-    disable_connections = false
-    socket_path = "{self.nri_socket}"
-    plugin_path = "{self.nri_plugin_path}"
-    plugin_config_path = "{self.nri_plugin_config_path}"
-    plugin_registration_timeout = "{self.registration_timeout}"
-    plugin_request_timeout = "{self.request_timeout}"
-"""
-
-    def _runc_section(self, runtimes: str) -> str:
-        return f"""\
-      [{runtimes}.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [{runtimes}.runc.options]
-          SystemdCgroup = false
-          Root = "{self.runc_root}"
-          BinaryName = "{self.bins.get("runc", "runc")}"
-"""
-
-    def config_toml(self) -> str:
-        """The config of the binary found: version 3 for containerd 2.x, else version 2."""
-        major = int(self.containerd_version().split(".")[0])
-        return self._config_v3() if major >= 2 else self._config_v2()
-
-    def _head(self, version: int, disabled: tuple[str, ...]) -> str:
-        w = self.work_dir
-        plugins = "".join(f'  "{p}",\n' for p in disabled)
-        return f"""\
-version = {version}
-root = "{w}/root"
-state = "{w}/state"
-oom_score = 0
-disabled_plugins = [
-{plugins}]
-
-[grpc]
-  address = "{self.cri_socket}"
-
-[ttrpc]
-  address = "{self.ttrpc_socket}"
-
-[debug]
-  level = "{self.log_level}"
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "{w}/opt"
-
-"""
-
-    def _config_v3(self) -> str:
-        """containerd 2.x: CRI split into ``io.containerd.cri.v1.runtime`` (the runtimes,
-        CNI, ``restrict_oom_score_adj``), ``io.containerd.cri.v1.images`` (snapshotter,
-        the sandbox image as ``pinned_images.sandbox``, registry) and
-        ``io.containerd.grpc.v1.cri`` (the server: streaming, TCP service)."""
-        w = self.work_dir
-        empty_cni = w / "cni"
-        rt = '[plugins."io.containerd.cri.v1.runtime"'
-        head = self._head(
-            3,
-            (
-                "io.containerd.snapshotter.v1.btrfs",
-                "io.containerd.snapshotter.v1.devmapper",
-                "io.containerd.snapshotter.v1.zfs",
-                "io.containerd.snapshotter.v1.erofs",
-                "io.containerd.snapshotter.v1.blockfile",
-                "io.containerd.differ.v1.erofs",
-                "io.containerd.tracing.processor.v1.otlp",
-                "io.containerd.internal.v1.tracing",
-            ),
-        )
-        return (
-            head.replace("version = 3\n", f'version = 3\ntemp = "{w}/tmp"\n', 1)
-            + self._nri_section('"')
-            + f"""
-  [plugins."io.containerd.cri.v1.runtime"]
-    restrict_oom_score_adj = true
-    disable_apparmor = true
-    enable_selinux = false
-    enable_cdi = false
-
-    [plugins."io.containerd.cri.v1.runtime".cni]
-      bin_dirs = ["{empty_cni}/bin"]
-      conf_dir = "{empty_cni}/net.d"
-      max_conf_num = 1
-
-    [plugins."io.containerd.cri.v1.runtime".containerd]
-      default_runtime_name = "runc"
-"""
-            + self._runc_section(rt[1:] + ".containerd.runtimes")
-            + f"""
-  [plugins."io.containerd.cri.v1.images"]
-    snapshotter = "overlayfs"
-    [plugins."io.containerd.cri.v1.images".pinned_images]
-      sandbox = "{PAUSE_IMAGE}"
-    [plugins."io.containerd.cri.v1.images".registry]
-      config_path = ""
-
-  [plugins."io.containerd.grpc.v1.cri"]
-    disable_tcp_service = true
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-
-  [plugins."io.containerd.transfer.v1.local"]
-    config_path = ""
-
-  [plugins."io.containerd.image-verifier.v1.bindir"]
-    bin_dir = "{w}/image-verifier/bin"
-"""
-        )
-
-    def _config_v2(self) -> str:
-        """containerd 1.x: one ``io.containerd.grpc.v1.cri`` plugin."""
-        w = self.work_dir
-        empty_cni = w / "cni"
-        head = self._head(
-            2,
-            (
-                "io.containerd.snapshotter.v1.aufs",
-                "io.containerd.snapshotter.v1.btrfs",
-                "io.containerd.snapshotter.v1.devmapper",
-                "io.containerd.snapshotter.v1.zfs",
-                "io.containerd.tracing.processor.v1.otlp",
-                "io.containerd.internal.v1.tracing",
-            ),
-        )
-        return (
-            head
-            + self._nri_section('"')
-            + f"""
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "{PAUSE_IMAGE}"
-    restrict_oom_score_adj = true
-    disable_apparmor = true
-    enable_selinux = false
-    disable_tcp_service = true
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-    enable_cdi = false
-
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "{empty_cni}/bin"
-      conf_dir = "{empty_cni}/net.d"
-      max_conf_num = 1
-
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "overlayfs"
-      default_runtime_name = "runc"
-"""
-            + self._runc_section('plugins."io.containerd.grpc.v1.cri".containerd.runtimes')
-            + """
-    [plugins."io.containerd.grpc.v1.cri".registry]
-      config_path = ""
-"""
-        )
 
     def _env(self) -> dict[str, str]:
         dirs = []

@@ -192,7 +192,8 @@ class ApiFront:
 @contextlib.contextmanager
 def k8s_api(work: Path) -> Iterator[tuple[Any, ApiFront]]:
     """The k8s tier's stack (built once, cached) with an :class:`ApiFront` before it."""
-    from stack import Stack, build, cache_dir
+    from apiserver_build import build, cache_dir
+    from stack import Stack
 
     build(cache_dir())
     st = Stack(cache_dir()).start()

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from containerd_env import RUN_CONTAINERD, ContainerdEnv, _cgroup_dirs
+from containerd_env import ContainerdEnv
+from containerd_host import RUN_CONTAINERD, _cgroup_dirs
 
 pytestmark = pytest.mark.e2e
 

@@ -42,8 +42,9 @@ if str(_HERE.parent) not in sys.path:
 
 import _tier  # noqa: E402
 import _tools  # noqa: E402
+from apiserver_build import StackError, build, cache_dir  # noqa: E402
 from spec_commands import REQUIRED  # noqa: E402
-from stack import Stack, StackError, build, cache_dir  # noqa: E402
+from stack import Stack  # noqa: E402
 
 
 def _unavailable(reason: str) -> NoReturn:

@@ -28,7 +28,7 @@ decoded strictly, with every problem, by :mod:`nri_balloons.configdecode`.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
 from nri_framework import cpuset
@@ -411,37 +411,3 @@ def _enc_hook(obj: Any) -> Any:
 def to_builtins(obj: msgspec.Struct) -> Any:
     """The struct as plain data with upstream's JSON names (for dumps and diffs)."""
     return msgspec.to_builtins(obj, enc_hook=_enc_hook)
-
-
-# --- moved: decoding and YAML loading ------------------------------------------------
-#
-# ConfigError, ConfigSyntaxError and decode_policy live in nri_balloons.configdecode,
-# parse_yaml and load_policy in nri_balloons.configyaml. Still imported from here by
-# developer A's plugin.py and validate_cli.py, tests/unit/nri_framework/agent/
-# test_agent_config.py and tests/chart/test_chart_crds.py (cfg.decode_policy); the
-# lead removes this once they import the new homes. Resolved lazily (PEP 562):
-# those modules import this one.
-
-_MOVED = {
-    "ConfigError": "nri_balloons.configdecode",
-    "ConfigSyntaxError": "nri_balloons.configdecode",
-    "decode_policy": "nri_balloons.configdecode",
-    "parse_yaml": "nri_balloons.configyaml",
-    "load_policy": "nri_balloons.configyaml",
-}
-
-if TYPE_CHECKING:
-    from nri_balloons.configdecode import ConfigError as ConfigError
-    from nri_balloons.configdecode import ConfigSyntaxError as ConfigSyntaxError
-    from nri_balloons.configdecode import decode_policy as decode_policy
-    from nri_balloons.configyaml import load_policy as load_policy
-    from nri_balloons.configyaml import parse_yaml as parse_yaml
-else:
-
-    def __getattr__(name: str) -> Any:
-        module = _MOVED.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        import importlib
-
-        return getattr(importlib.import_module(module), name)

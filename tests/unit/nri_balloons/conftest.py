@@ -1,5 +1,7 @@
-"""Unit tests of the balloons policy: the helper module :mod:`topologies` sits next
-to this file."""
+"""The balloons policy's unit tests: puts this directory on ``sys.path`` so the
+test modules import their shared helper modules by name (:mod:`topologies`,
+:mod:`pct_helpers` with the in-process SST helper of the PCT tests,
+:mod:`config_checks`), as ``--import-mode=importlib`` does not."""
 
 from __future__ import annotations
 

@@ -49,7 +49,9 @@ class Recorder:
     """A writer that records every request; ``down`` makes it unavailable,
     ``refuse`` makes it refuse requests of that type."""
 
-    endpoint = ""  # no helper: PCT stays off (tests/unit/nri_balloons/test_pct.py covers it)
+    endpoint = (
+        ""  # no helper: PCT stays off (tests/unit/nri_balloons/test_pct_degraded.py covers it)
+    )
     instance = ""
 
     def __init__(self) -> None:

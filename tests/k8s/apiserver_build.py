@@ -1,0 +1,245 @@
+"""The k8s tier's two binaries, built once from Debian **sid** and cached.
+
+``k8s.io/apiextensions-apiserver`` (v1.36 code) is built from sid's Go source packages
+in GOPATH mode, ``etcd`` comes from sid's ``etcd-server``.
+
+``build()`` caches the two binaries under ``$NRI_K8S_CACHE/bin`` (default
+``~/.cache/nri-resource-policy/k8s/bin``) with a stamp (``build.json``); a second
+call costs nothing. The .debs, the unpacked tree and the Go cache are removed
+after the build.
+
+Its neighbours (the stack's other modules): see :mod:`stack`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# tests/ is on sys.path: stack.py and the conftest.py files put it there
+from _debian import CommandError, apt_config, apt_env, cache_lock, debian_source, dpkg_extract, run
+
+#: bump when the build recipe changes: a cached build of another recipe is redone
+RECIPE = 1
+#: the packages whose dependency closure (``golang-*``, ``etcd-server``) is fetched
+ROOT_PACKAGES = ("golang-k8s-apiextensions-apiserver-dev", "golang-go", "etcd-server")
+GO_PACKAGE = "k8s.io/apiextensions-apiserver"
+APISERVER = "apiextensions-apiserver"
+ETCD = "etcd"
+STAMP = "build.json"
+
+
+class StackError(RuntimeError):
+    """The binaries cannot be built or the stack cannot be started."""
+
+
+def _log(msg: str) -> None:
+    print(f"[k8s-stack] {msg}", file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    """``$NRI_K8S_CACHE`` or ``~/.cache/nri-resource-policy/k8s``."""
+    env = os.environ.get("NRI_K8S_CACHE")
+    return Path(env or Path.home() / ".cache" / "nri-resource-policy" / "k8s").expanduser()
+
+
+def binaries(cache: Path | None = None) -> dict[str, Path]:
+    """Where the built binaries are (or will be): ``{"apiextensions-apiserver":, "etcd":}``."""
+    bindir = (cache or cache_dir()) / "bin"
+    return {APISERVER: bindir / APISERVER, ETCD: bindir / ETCD}
+
+
+def cached_build(cache: Path | None = None) -> dict[str, Any] | None:
+    """The stamp of a usable cached build of this recipe, else None."""
+    cache = cache or cache_dir()
+    try:
+        stamp = json.loads((cache / "bin" / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get("recipe") != RECIPE:
+        return None
+    if not all(os.access(p, os.X_OK) for p in binaries(cache).values()):
+        return None
+    return stamp
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _closure(env: dict[str, str]) -> list[str]:
+    """``golang-*`` and ``etcd-server`` in the dependency closure of ROOT_PACKAGES."""
+    out = run(
+        [
+            "apt-cache",
+            "depends",
+            "--recurse",
+            "--no-recommends",
+            "--no-suggests",
+            "--no-conflicts",
+            "--no-breaks",
+            "--no-replaces",
+            "--no-enhances",
+            "--no-pre-depends",
+            *ROOT_PACKAGES,
+        ],
+        env=env,
+        error=StackError,
+    ).stdout
+    names = {ln.strip() for ln in out.splitlines() if ln and not ln[0].isspace()}
+    return sorted(n for n in names if n.startswith("golang-") or n == "etcd-server")
+
+
+def _deb_versions(debs: list[Path]) -> dict[str, str]:
+    """``{package: version}`` from ``name_version_arch.deb`` file names."""
+    out = {}
+    for deb in debs:
+        name, version, _arch = deb.stem.split("_")
+        out[name] = urllib.parse.unquote(version)
+    return out
+
+
+def _go_bin(root: Path) -> Path:
+    def key(p: Path) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", p.parent.parent.name))
+
+    gos = sorted(root.glob("usr/lib/go-*/bin/go"), key=key)
+    if not gos:
+        raise StackError(f"no Go toolchain (usr/lib/go-*/bin/go) unpacked under {root}")
+    return gos[-1]
+
+
+def _go_build(root: Path, work: Path, out: Path, say: Callable[[str], None]) -> str:
+    """Build GO_PACKAGE in GOPATH mode with the unpacked toolchain; returns ``go version``."""
+    go = _go_bin(root)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GO")}
+    env.update(
+        PATH=f"{go.parent}:{env.get('PATH', '/usr/bin:/bin')}",
+        GO111MODULE="off",
+        GOPATH=str(root / "usr" / "share" / "gocode"),
+        GOCACHE=str(work / "gocache"),
+        GOENV="off",
+        GOPROXY="off",
+        GOTOOLCHAIN="local",
+        GOFLAGS="",
+        CGO_ENABLED="0",
+    )
+    version = run([str(go), "version"], env=env, error=StackError).stdout.strip()
+    say(f"go build {GO_PACKAGE} ({version}, GOPATH mode): a few minutes on 2 cores")
+    log = work / "go-build.log"
+    cmd = [str(go), "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), GO_PACKAGE]
+    t0 = time.monotonic()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=fh, stderr=subprocess.STDOUT)
+        next_note = 30.0
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if time.monotonic() - t0 >= next_note:
+                say(f"go build: still compiling ({next_note:.0f}s)")
+                next_note += 30
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-4000:]
+        raise StackError(f"go build {GO_PACKAGE} failed ({proc.returncode}):\n{tail}")
+    say(f"go build: done in {time.monotonic() - t0:.0f}s")
+    return version
+
+
+def build(
+    cache: Path | str | None = None,
+    *,
+    force: bool = False,
+    keep_build_dir: bool = False,
+    say: Callable[[str], None] = _log,
+) -> dict[str, Path]:
+    """Fetch, unpack and build; returns :func:`binaries`. Cached: a second call costs nothing.
+
+    Steps (everything under ``cache/build``, removed afterwards unless
+    ``keep_build_dir``): a private APT config for sid (the system's ``/etc/apt``
+    is not touched), ``apt-get update``, the ``golang-*`` + ``etcd-server``
+    dependency closure of ROOT_PACKAGES, ``apt-get download``, ``dpkg -x``,
+    ``go build`` of ``k8s.io/apiextensions-apiserver`` in GOPATH mode, a copy of
+    ``etcd``; both land in ``cache/bin`` with the stamp ``build.json``.
+    Raises :class:`StackError` on failure (a sid transition, no network...).
+    """
+    cache = Path(cache).expanduser() if cache else cache_dir()
+    cache = cache.resolve()
+    bins = binaries(cache)
+    if not force and (stamp := cached_build(cache)):
+        say(f"cached build ({stamp.get('built', '?')}): {bins[APISERVER].parent}")
+        return bins
+    for tool in ("apt-get", "apt-cache", "dpkg"):
+        if shutil.which(tool) is None:
+            raise StackError(f"{tool} not found (a Debian machine is needed to build)")
+    with cache_lock(cache):
+        if not force and cached_build(cache):  # built by another process meanwhile
+            return bins
+        work = cache / "build"
+        shutil.rmtree(work, ignore_errors=True)
+        t0 = time.monotonic()
+        try:
+            env = apt_env(apt_config(work / "apt", debian_source("sid"), own_status=True))
+            say("apt-get update (private sid sources)")
+            run(["apt-get", "update", "-q"], env=env, timeout=900, error=StackError)
+            names = _closure(env)
+            missing = sorted(set(ROOT_PACKAGES) - set(names))
+            if missing:
+                raise StackError(f"sid has no {missing}")
+            debdir = work / "debs"
+            debdir.mkdir()
+            say(f"apt-get download: {len(names)} packages (~310 MB)")
+            run(
+                ["apt-get", "download", "-q", *names],
+                cwd=debdir,
+                env=env,
+                timeout=1800,
+                error=StackError,
+            )
+            debs = sorted(debdir.glob("*.deb"))
+            size = sum(d.stat().st_size for d in debs) / 1e6
+            say(f"dpkg -x {len(debs)} packages ({size:.0f} MB)")
+            root = work / "root"
+            try:
+                dpkg_extract(debs, root)
+            except CommandError as e:
+                raise StackError(str(e)) from None
+            bindir = bins[APISERVER].parent
+            bindir.mkdir(parents=True, exist_ok=True)
+            (bindir / STAMP).unlink(missing_ok=True)
+            tmp_api = work / APISERVER
+            go_version = _go_build(root, work, tmp_api, say)
+            etcd_src = root / "usr" / "bin" / "etcd"
+            if not etcd_src.is_file():
+                raise StackError("etcd-server did not unpack usr/bin/etcd")
+            tmp_etcd = work / ETCD
+            shutil.copy2(etcd_src, tmp_etcd)
+            etcd_version = run([str(tmp_etcd), "--version"], error=StackError).stdout
+            run([str(tmp_api), "--help"], error=StackError)
+            os.replace(tmp_api, bins[APISERVER])
+            os.replace(tmp_etcd, bins[ETCD])
+            versions = _deb_versions(debs)
+            stamp = {
+                "recipe": RECIPE,
+                "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "seconds": round(time.monotonic() - t0, 1),
+                "go": go_version,
+                "etcd": etcd_version.splitlines()[0] if etcd_version else "",
+                "packages": {
+                    n: versions.get(n, "?")
+                    for n in (*ROOT_PACKAGES, "golang-k8s-apiserver-dev", "golang-k8s-api-dev")
+                },
+                "package_count": len(debs),
+            }
+            (bindir / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+        finally:
+            if not keep_build_dir:
+                shutil.rmtree(work, ignore_errors=True)
+    say(f"built in {time.monotonic() - t0:.0f}s: {bins[APISERVER]}, {bins[ETCD]}")
+    return bins

@@ -1,0 +1,281 @@
+"""Priority Core Turbo's waits for the SST helper: the reply path's budget, the
+plugin's background commit (hooks run meanwhile, a new configuration stops it, a
+settled background publishes again), and the wait given to each blocking call.
+
+Where the neighbouring test modules are: see :mod:`pct_helpers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import pytest
+from nri_balloons.configyaml import load_policy
+from nri_balloons.extres import extended_resources
+from nri_balloons.pct import DISCOVER_TIMEOUT
+from nri_balloons.policy import BalloonsPolicy
+from nri_balloons.sstlink import Budget, Wait, exchange
+from nri_balloons.validation import validate
+from nri_framework import cpuset
+from nri_framework.topology import Topology
+from nri_sst import messages as m
+from nri_sst.backends.sim import SimConfig
+
+if TYPE_CHECKING:
+    from nri_balloons.plugin import Balloons
+
+from pct_helpers import (
+    ASSOC_ONLY,
+    SPEC,
+    InProcessHelper,
+    disabled_cstates,
+    host_root,
+    make,
+    pod,
+    shared_root,  # noqa: F401 (the module's autouse host tree)
+)
+
+
+def test_reply_path_waits_at_most_its_budget() -> None:
+    """Defect 8: on the reply path every wait for the helper together ends at
+    the 100 ms budget (injected clock: a helper that takes 60 ms per answer),
+    however many requests the decision needs; the rest is applied later."""
+    policy, helper = make()
+    helper.latency = 0.06
+    handler = policy.cpu_classes
+    start = helper.clock.now
+    wait = Wait(budget=Budget(0.1, helper.clock))
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None
+    assert not handler.commit(wait)  # AssociateCpus and SetCstates: 120 ms
+    assert helper.clock.now - start <= 0.1 + 1e-9  # not 120 ms
+    assert handler.unsettled()
+    helper.latency = 0.0
+    assert handler.commit()  # what the background does: everything left
+    assert set(helper.clos(bln.cpus).values()) == {0}
+    assert disabled_cstates(cpuset.ids(bln.cpus)[0]) == {"C6", "C6P"}
+    assert not handler.unsettled()
+
+
+def test_decisions_between_two_background_requests_are_kept() -> None:
+    """The plugin's background awaits each request; hooks run meanwhile and
+    only record decisions. Those recorded between two requests of a commit
+    (its association, its C-states) are not lost when it ends: the next
+    commit applies them."""
+    policy, helper = make()
+    handler = policy.cpu_classes
+    first = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert first is not None
+    later = []
+    steps = handler.commit_steps(1.0)
+    ask = next(steps)
+    try:
+        while True:
+            if isinstance(ask.request, m.AssociateCpus | m.SetCstates):
+                # the background awaits the helper's answer; a hook meanwhile
+                bln = policy.allocate(*pod(f"pct-hp-{len(later) + 2}", 2, "hp-bln"))
+                assert bln is not None
+                later.append(bln.cpus)
+            ask = steps.send(helper.request(ask.request, ask.timeout))
+    except StopIteration as done:
+        assert done.value is True
+    assert len(later) == 2
+    assert handler.unsettled()  # the hooks' decisions wait for the next commit
+    assert handler.commit()
+    assert not handler.unsettled()
+    for cpus in (first.cpus, *later):
+        assert set(helper.clos(cpus).values()) == {0}
+        assert all(disabled_cstates(c) == {"C6", "C6P"} for c in cpuset.ids(cpus))
+
+
+async def background_at_the_gate(plugin: Balloons, helper: InProcessHelper) -> None:
+    """The spec applied while the helper is down: the plugin's background
+    takes over; the helper is back, but holds the background's retry (after
+    0.5 s) at its gate, until the test sets it."""
+    helper.down = True
+    plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
+    assert plugin.background is not None  # the reply path left it to the background
+    helper.down = False
+    helper.gate = asyncio.Event()
+    for _ in range(150):
+        if plugin._steps is not None:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the background's retry did not reach the helper")
+
+
+async def test_a_new_configuration_stops_the_background() -> None:
+    """The plugin's background commit waits for the helper; a new
+    configuration arrives meanwhile: the background is stopped first, so
+    what it would still do for the old configuration (managed mode here)
+    never overwrites the new one (assoc-only). The plugin's writer is the
+    in-process helper (the plugin is started without --sst-helper, then
+    given it)."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper(SimConfig(profile="bios-pct-on"))
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    try:
+        await background_at_the_gate(plugin, helper)
+        plugin.reconfigure(ASSOC_ONLY, "test")
+        helper.gate.set()
+        for _ in range(100):
+            if plugin.background is None:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        assert handler.pct.mode == "assoc-only"
+        assert not any(isinstance(r, m.PrepareManagedMode) for r in helper.sent)
+        assert not handler.unsettled()
+    finally:
+        plugin.policy_shutdown()
+
+
+async def test_a_settled_background_has_the_agent_publish_again() -> None:
+    """Extended resources are "no opinion" while PCT waits for the helper: once
+    the background has programmed SST, the host's listeners (the agent's NRT
+    and extended-resource publishers) are told, or the node keeps what it had
+    during the outage."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    plugin = Balloons()
+    host = PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    plugin.policy.cpu_classes.pct.hold = False
+    calls: list[object] = []
+    try:
+        helper.down = True
+        plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
+        assert plugin.background is not None
+        assert extended_resources(plugin.policy) is None  # waiting for the helper
+        host.add_listener(lambda: calls.append(extended_resources(plugin.policy)))
+        helper.down = False
+        for _ in range(150):  # its retry comes after 0.5 s
+            if plugin.background is None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin.background is None and not handler.unsettled()
+        assert calls and calls[-1] is not None  # an opinion now: PCT is active
+    finally:
+        plugin.policy_shutdown()
+
+
+async def test_a_hook_does_not_commit_while_the_background_runs() -> None:
+    """The background awaits the helper (its request held at the in-process
+    helper's gate); a CreateContainer meanwhile answers with its pinning and
+    only records its CPU class decisions: the hook sends the helper nothing
+    (two writers would interleave their requests), and the background applies
+    the decision once the helper answers."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    handler.pct.hold = False
+    try:
+        await background_at_the_gate(plugin, helper)
+        sent = len(helper.sent)
+        result = plugin.nri_create_container(*pod("pct-hp-1", 2, "hp-bln"))
+        assert result is not None and result.adjustment is not None
+        assert result.adjustment.resources is not None
+        assert result.adjustment.resources.cpu is not None
+        cpus = cpuset.parse(result.adjustment.resources.cpu.cpus)
+        assert cpuset.ids(cpus) and len(helper.sent) == sent  # recorded only
+        assert handler.unsettled()
+        helper.gate.set()
+        for _ in range(150):
+            if plugin.background is None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin.background is None and not handler.unsettled()
+        assert set(helper.clos(cpus).values()) == {0}
+        assert all(disabled_cstates(c) == {"C6", "C6P"} for c in cpuset.ids(cpus))
+    finally:
+        plugin.policy_shutdown()
+
+
+# --- the wait of a blocking call is its argument -------------------------------------------
+
+
+class TimedHelper(InProcessHelper):
+    """The in-process helper, recording the timeout each request was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[tuple[type[m.Request], float | None]] = []
+
+    def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
+        self.timeouts.append((type(req), timeout))
+        return super().request(req, timeout)
+
+
+def prepared_spec(topo: Topology):  # type: ignore[no-untyped-def]
+    result = validate(load_policy(SPEC.read_text()), online_cpus=topo.online)
+    assert result.prepared is not None, result.errors
+    return result.prepared
+
+
+def test_the_wait_given_to_a_call_is_the_one_its_requests_get() -> None:
+    """``Wait`` is an argument of each blocking call (configure's SST
+    programming, a commit), never state left on the handler: the requests of
+    a call get its per-request timeout (SoC-wide ones at least
+    DISCOVER_TIMEOUT), a later call without one the writer's default, and a
+    call's budget caps each of its requests at what is left of it."""
+    helper = TimedHelper()
+    topo = Topology.from_sysfs(str(helper.root))
+    policy = BalloonsPolicy(topo, str(helper.root), writer=helper)
+    policy.set_config(prepared_spec(topo), Wait(timeout=0.25))
+    given = dict(helper.timeouts)
+    assert given[m.Discover] == given[m.PrepareManagedMode] == DISCOVER_TIMEOUT
+    assert given[m.ConfigureClos] == given[m.EnableCP] == 0.25
+    helper.timeouts.clear()
+    assert policy.cpu_classes.commit()  # no wait given: the writer's default
+    assert helper.timeouts and {t for _, t in helper.timeouts} == {None}
+
+    helper.timeouts.clear()
+    helper.latency = 0.03
+    policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
+    assert policy.cpu_classes.commit(Wait(timeout=0.5, budget=Budget(0.1, helper.clock)))
+    timeouts = [t for _, t in helper.timeouts]
+    assert len(timeouts) >= 3
+    left = 0.1
+    for t in timeouts:  # each capped at what the call's budget has left
+        assert t == pytest.approx(min(0.5, left))
+        left -= 0.03
+
+
+def test_two_flushes_keep_their_own_timeouts() -> None:
+    """Sans-IO, no helper loop: the steps of one flush keep the timeout they
+    were given while another flush runs and ends between two of their
+    requests (a timeout set on the allocator for the time of a flush and
+    restored after would change the first flush's later requests)."""
+    policy, helper = make()
+    pct = policy.cpu_classes.pct
+    policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
+    first = pct.flush_steps(0.5)
+    ask = next(first)
+    assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
+    reply = helper.request(ask.request, ask.timeout)
+    policy.allocate(*pod("pct-hp-2", 2, "hp-bln"))
+    assert exchange(pct.flush_steps(None), helper) is True  # another flush, start to end
+    ask = first.send(reply)
+    assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
+    with pytest.raises(StopIteration) as done:
+        first.send(helper.request(ask.request, ask.timeout))
+    assert done.value.value is True
