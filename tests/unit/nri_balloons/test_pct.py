@@ -71,6 +71,7 @@ def test_spec_scenario_hp_spread_lp_and_clos(caplog: pytest.LogCaptureFixture) -
     """Steps 5-6 of the spec: four HP pods of 2 CPUs, one LP pod of 8."""
     policy, helper = make()
     caplog.set_level(logging.DEBUG, logger="cpuclass")
+    caplog.clear()  # what the admissions below log, not the start-up's (if it logged)
     hp = [admit(policy, f"pct-hp-{i}", 2, "hp-bln") for i in range(1, 5)]
     lp = admit(policy, "pct-lp", 8, "lp-bln")
     assert [c.bit_count() for c in hp] == [2, 2, 2, 2]
