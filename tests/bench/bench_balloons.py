@@ -34,7 +34,8 @@ from nri_framework.host import PolicyHost
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, ScenarioPaths, plugin_command
-from nri_framework.simulate.sysfs import N4C16, XEON_6776P, TopologySpec, write_topology
+from nri_framework.simulate.sysfs import write_topology
+from nri_framework.simulate.topologies import N4C16, XEON_6776P, TopologySpec
 
 S8C4K_FULL = TopologySpec(name="s8c4k-full", packages=8, cores_per_node=512, threads_per_core=1)
 

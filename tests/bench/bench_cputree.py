@@ -32,7 +32,8 @@ for _p in ("framework", "policies/balloons"):
 
 from _results import Figure, write  # noqa: E402
 from nri_balloons.cputree import CpuTreeAllocator  # noqa: E402
-from nri_framework.simulate.sysfs import N4C16, XEON_6776P, TopologySpec, write_topology  # noqa: E402
+from nri_framework.simulate.sysfs import write_topology  # noqa: E402
+from nri_framework.simulate.topologies import N4C16, XEON_6776P, TopologySpec  # noqa: E402
 from nri_framework.topology import Topology  # noqa: E402
 
 S8C4K_FULL = TopologySpec(name="s8c4k-full", packages=8, cores_per_node=512, threads_per_core=1)

@@ -34,7 +34,8 @@ from nri_balloons_demo.data import pods_dir
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, ScenarioPaths, plugin_command
-from nri_framework.simulate.sysfs import XEON_6776P, write_topology
+from nri_framework.simulate.sysfs import write_topology
+from nri_framework.simulate.topologies import XEON_6776P
 
 HP = {"balloon.balloons.resource-policy.nri.io": "hp-bln"}
 LP = {"balloon.balloons.resource-policy.nri.io": "lp-bln"}

@@ -23,37 +23,16 @@ from pathlib import Path
 
 from nri_framework import cpuset
 from nri_framework.simulate.topologies import (
-    GNR_CSTATES,
-    N4C16,
     POLL,
-    S8C4K,
     TOPOLOGIES,
-    XEON_6776P,
-    CacheSpec,
     CpuFreqSpec,
-    CState,
     TopologySpec,
-    UncoreSpec,
     parse_cpus,
 )
 from nri_framework.topology import TopologyError
 
-# GNR_CSTATES .. UncoreSpec are re-exported for the import sites outside developer D's
-# files (tests/{unit,integration}/nri_balloons, tests/unit/nri_sst, tests/bench,
-# tests/k8s): their home is nri_framework.simulate.topologies.
-
 __all__ = [
-    "GNR_CSTATES",
-    "N4C16",
-    "S8C4K",
-    "TOPOLOGIES",
-    "XEON_6776P",
-    "CState",
-    "CacheSpec",
-    "CpuFreqSpec",
     "TopologyError",
-    "TopologySpec",
-    "UncoreSpec",
     "online",
     "prepare_host_root",
     "write_cpu_tree",

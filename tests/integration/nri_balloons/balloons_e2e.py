@@ -27,7 +27,8 @@ from nri_framework import cpuset
 from nri_framework.simulate.podspec import RuntimeDefaults, load_pod_file
 from nri_framework.simulate.runtime import NriError, SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
-from nri_framework.simulate.sysfs import TOPOLOGIES, TopologySpec, online, write_topology
+from nri_framework.simulate.sysfs import online, write_topology
+from nri_framework.simulate.topologies import TOPOLOGIES, TopologySpec
 from nri_framework.topology import Topology
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "balloons"

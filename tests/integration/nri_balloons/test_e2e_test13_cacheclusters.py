@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from balloons_e2e import disjoint, node
-from nri_framework.simulate.sysfs import TOPOLOGIES
+from nri_framework.simulate.topologies import TOPOLOGIES
 
 TEST = "test13-cacheclusters"
 # L2 groups 0-3, 4-7, 8-11, 12-15 (4 CPUs, 2 cores each)

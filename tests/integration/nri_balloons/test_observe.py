@@ -19,7 +19,8 @@ from pathlib import Path
 from balloons_e2e import DATA, Node
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, plugin_env, wait_registered
-from nri_framework.simulate.sysfs import TOPOLOGIES, write_topology
+from nri_framework.simulate.sysfs import write_topology
+from nri_framework.simulate.topologies import TOPOLOGIES
 from prometheus_client.parser import text_string_to_metric_families
 
 TEST = "test01-basic-placement"

@@ -14,7 +14,7 @@ import pytest
 from nri_balloons.cpuallocator import CpuAllocator, ResizeError
 from nri_balloons.cpupriority import CpuPriority, cpufreq_priorities
 from nri_framework import cpuset
-from nri_framework.simulate.sysfs import N4C16, XEON_6776P, CpuFreqSpec, TopologySpec
+from nri_framework.simulate.topologies import N4C16, XEON_6776P, CpuFreqSpec, TopologySpec
 from topologies import topology
 
 P = cpuset.parse

@@ -13,7 +13,7 @@ from nri_balloons.fillmethod import FILL_METHOD_NAMES, FillMethod, fill_chain
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate
 from nri_framework.model import Container, CpuResources, Pod, Resources
-from nri_framework.simulate.sysfs import N4C16
+from nri_framework.simulate.topologies import N4C16
 from topologies import topology
 
 

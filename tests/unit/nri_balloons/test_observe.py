@@ -12,7 +12,8 @@ from nri_balloons.plugin import Balloons
 from nri_framework.host import PolicyHost
 from nri_framework.instrumentation import Instrumentation
 from nri_framework.model import Container, CpuResources, Pod, Resources
-from nri_framework.simulate.sysfs import TOPOLOGIES, write_topology
+from nri_framework.simulate.sysfs import write_topology
+from nri_framework.simulate.topologies import TOPOLOGIES
 from prometheus_client.parser import text_string_to_metric_families
 
 # Reference §15, in its order: written out here, not imported from the code.

@@ -9,7 +9,7 @@ from nri_balloons.placement import Placement, changes_placement
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate
 from nri_framework.model import Container, CpuResources, Pod, Resources
-from nri_framework.simulate.sysfs import N4C16
+from nri_framework.simulate.topologies import N4C16
 from nri_framework.topology import Topology
 from topologies import topology
 

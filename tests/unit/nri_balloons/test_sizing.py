@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from nri_balloons.sizing import max_avail_milli_cpus, share_idle
 from nri_framework import cpuset
-from nri_framework.simulate.sysfs import N4C16
+from nri_framework.simulate.topologies import N4C16
 from topologies import topology
 
 P = cpuset.parse

@@ -7,8 +7,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from nri_framework.simulate.sysfs import TopologySpec
 from nri_framework.simulate.sysfs import write_topology as _write_topology
+from nri_framework.simulate.topologies import TopologySpec
 from nri_framework.topology import Topology
 
 _CACHE: dict[TopologySpec, Topology] = {}
@@ -23,6 +23,20 @@ def topology(spec: TopologySpec) -> Topology:
         _TMP.append(tmp)
         _CACHE[spec] = Topology.from_sysfs(_write_topology(Path(tmp.name), spec))
     return _CACHE[spec]
+
+
+def int5(p: int, d: int, n: int, c: int, t: int) -> TopologySpec:
+    """Upstream's ``newCpuTreeFromInt5``: packages, dies, NUMA nodes, cores, threads,
+    CPU ids thread-fastest in that order."""
+    return TopologySpec(
+        name=f"int5-{p}{d}{n}{c}{t}",
+        packages=p,
+        dies_per_package=d,
+        nodes_per_die=n,
+        cores_per_node=c,
+        threads_per_core=t,
+        numbering="qemu",
+    )
 
 
 def cleanup() -> None:

@@ -10,13 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from nri_framework.simulate.sysfs import (
-    GNR_CSTATES,
-    CpuFreqSpec,
-    TopologySpec,
-    UncoreSpec,
-    write_topology,
-)
+from nri_framework.simulate.sysfs import write_topology
+from nri_framework.simulate.topologies import GNR_CSTATES, CpuFreqSpec, TopologySpec, UncoreSpec
 from nri_sst.backends.sim import SimConfig
 
 SMALL = TopologySpec(
