@@ -47,6 +47,11 @@ class Event(enum.IntEnum):
     def bit(self) -> int:
         return 1 << (self.value - 1)
 
+    @property
+    def of_container(self) -> bool:
+        """A container's event: its request must carry the container."""
+        return Event.CREATE_CONTAINER <= self <= Event.REMOVE_CONTAINER
+
 
 class CpuResources(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     """``LinuxCPU``: CFS shares/quota/period, RT budget, cpuset cpus and mems.

@@ -279,6 +279,7 @@ class Session:
             container = None
             if has_container and req.HasField("container"):
                 container = convert.container_from_pb(req.container)
+            _check_container(event, container is not None)
             self.advance(_event_kind(container is not None), method)
             self.host.notify(event, pod, container)
             return b""
@@ -384,12 +385,14 @@ class Session:
     def on_state_change(self, payload: bytes) -> bytes:
         req = pb.StateChangeEvent.FromString(payload)
         has_container = req.HasField("container")
-        self.advance(_event_kind(has_container), "StateChange")
         try:
             event = Event(req.event)
         except ValueError:
+            self.advance(_event_kind(has_container), "StateChange")
             log.warning("ignoring unknown NRI event %d", req.event)
             return b""
+        _check_container(event, has_container)
+        self.advance(_event_kind(has_container), "StateChange")
         container = convert.container_from_pb(req.container) if has_container else None
         self.host.notify(event, convert.pod_from_pb(req.pod), container)
         return b""
@@ -428,6 +431,13 @@ class Session:
         resp = await self.call("UpdateContainers", req, pb.UpdateContainersResponse)
         failed: Any = resp
         return [convert.update_from_pb(u) for u in failed.failed]
+
+
+def _check_container(event: Event, has_container: bool) -> None:
+    """A container's event without its container is malformed (answered
+    INVALID_ARGUMENT; no hook is called, the lifecycle does not move)."""
+    if event.of_container and not has_container:
+        raise DecodeError(f"{event.name} event without its container")
 
 
 def _event_kind(has_container: bool) -> LifecycleEvent:

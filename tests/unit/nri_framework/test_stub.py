@@ -205,3 +205,33 @@ async def test_dedicated_rpcs_no_hook_wants_are_unimplemented(trunk: Trunk) -> N
         else:
             assert (answer.code, answer.message) == (Code.UNIMPLEMENTED, f"method {method}")
     assert trunk.policy.calls == [("start", "c0")]
+
+
+@pytest.mark.parametrize("method", ["StartContainer", "RemoveContainer"])
+async def test_a_container_event_without_its_container_is_malformed(
+    trunk: Trunk, method: str
+) -> None:
+    """A dedicated RPC or a StateChange of a container's event that carries no
+    container is INVALID_ARGUMENT (not a hook called with a missing argument,
+    answered UNKNOWN); nothing is called and the session goes on."""
+    await synchronize(trunk)
+    req: Any = getattr(pb, f"{method}Request")()
+    req.pod.id = "p"
+    answer = await trunk.call(method, req.SerializeToString())
+    event = "START_CONTAINER" if method == "StartContainer" else "REMOVE_CONTAINER"
+    assert (answer.code, answer.message) == (
+        Code.INVALID_ARGUMENT,
+        f"{method}: {event} event without its container",
+    )
+    change = pb.StateChangeEvent(event=int(getattr(pb, event)))
+    change.pod.id = "p"
+    answer = await trunk.call("StateChange", change.SerializeToString())
+    assert (answer.code, answer.message) == (
+        Code.INVALID_ARGUMENT,
+        f"StateChange: {event} event without its container",
+    )
+    assert trunk.policy.calls == []
+    assert trunk.session.lifecycle.state is LifecycleState.SYNCHRONIZED
+    ok = await trunk.call(method, container_request(getattr(pb, f"{method}Request"), "c1"))
+    assert ok.code == 0, ok.message
+    assert trunk.policy.calls == ([("start", "c1")] if method == "StartContainer" else [])
