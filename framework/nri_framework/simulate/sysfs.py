@@ -213,7 +213,8 @@ def write_topology(root: Path, spec: TopologySpec | str) -> Path:
             files.write(f"{cd}/shared_cpu_list", cpuset.format(mask))
             files.write(f"{cd}/shared_cpu_map", hexmask(mask))
             files.write(f"{cd}/coherency_line_size", 64)
-        files.symlink(f"{d}/node{c.node}", f"../../node/node{c.node}")
+        if spec.numa:
+            files.symlink(f"{d}/node{c.node}", f"../../node/node{c.node}")
         if spec.cpufreq is not None:
             _write_cpufreq(files, f"{d}/cpufreq", spec.cpufreq, c.cpu)
 
@@ -236,7 +237,8 @@ def write_topology(root: Path, spec: TopologySpec | str) -> Path:
             files.write(f"{base}/cpuidle/{name}", value)
     if spec.uncore is not None:
         _write_uncore(files, f"{base}/intel_uncore_frequency", spec)
-    _write_nodes(files, spec, node, hexmask)
+    if spec.numa:
+        _write_nodes(files, spec, node, hexmask)
     return root
 
 

@@ -150,6 +150,9 @@ class TopologySpec:
     cstates: tuple[CState, ...] = ()
     cpuidle_driver: str = "intel_idle"
     uncore: UncoreSpec | None = None
+    numa: bool = True
+    """``False``: a kernel built without ``CONFIG_NUMA`` (upstream's test30-numa-disabled):
+    no ``sys/devices/system/node`` and no ``cpuN/nodeM`` links."""
 
     def __post_init__(self) -> None:
         for name in (
