@@ -18,6 +18,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -178,6 +180,19 @@ class Node:
         return self.balloon(name)
 
 
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    """A real HTTP client (urllib, in a thread) on the loopback: status and body."""
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
 _UPDATES = re.compile(r"applied, (\d+) container\(s\) to update")
 
 
@@ -247,9 +262,10 @@ def plugin_command(socket: Path, host_root: Path, state: Path, config: Path) -> 
 
 @asynccontextmanager
 async def node(
-    test: str, config: str, topology: str | TopologySpec = "n4c16"
+    test: str, config: str, topology: str | TopologySpec = "n4c16", args: tuple[str, ...] = ()
 ) -> AsyncIterator[Node]:
-    """A node with the balloons plugin on ``<test>/<config>`` registered."""
+    """A node with the balloons plugin on ``<test>/<config>`` registered;
+    ``args`` are more plugin command-line options."""
     work = Path(tempfile.mkdtemp(prefix="balloons-e2e-"))
     spec = TOPOLOGIES[topology] if isinstance(topology, str) else topology
     host_root = write_topology(work / "host", spec)
@@ -258,7 +274,7 @@ async def node(
     try:
         async with SimulatedRuntime(work / "nri.sock") as rt:
             plugin = await PluginProcess.launch(
-                plugin_command(work / "nri.sock", host_root, work / "state", cfg)
+                plugin_command(work / "nri.sock", host_root, work / "state", cfg) + list(args)
             )
             try:
                 await wait_registered(rt, plugin, 10)

@@ -10,13 +10,11 @@ import re
 import shutil
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from balloons_e2e import DATA, Node
+from balloons_e2e import DATA, Node, http_get
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, plugin_env, wait_registered
 from nri_framework.simulate.sysfs import write_topology
@@ -25,19 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 TEST = "test01-basic-placement"
 _LISTENING = re.compile(r"instrumentation HTTP endpoint listening on (\S+):(\d+) ")
-
-
-async def http_get(port: int, path: str) -> tuple[int, str]:
-    """A real HTTP client (urllib, in a thread): status and body."""
-
-    def get() -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    return await asyncio.to_thread(get)
 
 
 async def balloon_samples(port: int) -> dict[str, tuple[dict[str, str], float]]:
