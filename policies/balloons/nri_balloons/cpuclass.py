@@ -187,6 +187,7 @@ class CpuClassHandler:
         """True once a class disables C-states: from then on every class writes
         its C-states (an empty list enables them all)."""
         self.written: dict[int, _Written] = {}
+        self._cstates: dict[int, frozenset[str]] = {}
         self.uncore_written: dict[tuple[int, int], tuple[int, int]] = {}
         self.degraded = False
         self.uncore_available = (Path(topology.host_root) / UNCORE_DIR).is_dir()
@@ -307,6 +308,20 @@ class CpuClassHandler:
                 if self.cpu_class.get(cpu) != syn:
                     self.cpu_class[cpu] = syn
                     self.dirty |= 1 << cpu
+
+    def _cstate_names(self, cpu: int) -> frozenset[str]:
+        """The cpuidle state names of ``cpu`` in the host's sysfs (read once)."""
+        names = self._cstates.get(cpu)
+        if names is None:
+            d = Path(self.topology.host_root) / f"sys/devices/system/cpu/cpu{cpu}/cpuidle"
+            found: set[str] = set()
+            for state in d.glob("state*/name"):
+                try:
+                    found.add(state.read_text(errors="replace").strip()[:64])
+                except OSError:
+                    continue
+            names = self._cstates[cpu] = frozenset(found)
+        return names
 
     def _synthetic(self, name: str, d: int) -> str:
         if not name or name not in self.classes:
@@ -466,7 +481,9 @@ class CpuClassHandler:
                             cpu,
                         )
             if self.cstates_managed:
-                want = tuple(sorted(d.disabled_cstates))
+                # upstream filters the class's names by the C-states the CPU has
+                # (cstates.NewBasicFilter().SetCstateNames): unknown ones are no writes
+                want = tuple(sorted(set(d.disabled_cstates) & self._cstate_names(cpu)))
                 if want != w.cstates:
                     cstate_groups.setdefault(want, []).append(cpu)
                     key = (syn, list_v(want))

@@ -139,7 +139,11 @@ class Node:
         self.create_seconds.append(time.monotonic() - t0)
         await self.rt.start_container(created.id)
         self.containers[name] = created.id
-        c = self.rt.container(created.id)
+        return self.cpus(name)
+
+    def cpus(self, name: str) -> set[int]:
+        """The CPUs the container of pod ``name`` is pinned to now."""
+        c = self.rt.container(self.containers[name])
         assert c.resources and c.resources.cpu
         return set(cpuset.ids(cpuset.parse(c.resources.cpu.cpus)))
 

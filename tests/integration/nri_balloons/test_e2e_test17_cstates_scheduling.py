@@ -1,0 +1,112 @@
+"""Upstream e2e balloons/n4c16/test17-cstates-scheduling, step by step: the
+C-states of a balloon's cpuClass (``disabledCstates``) on its CPUs only,
+never on CPUs outside ``availableResources``, enabled again when the balloon
+deflates and when it goes. The C-state writes go through the SST helper's sim
+backend (upstream: its ``OVERRIDE_SYS_CSTATES`` fake fs); the assertions read
+the ``cpuidle/stateN/disable`` files the helper wrote.
+
+Not here: upstream's ``/proc/PID/sched`` and ``ionice`` checks of the
+scheduling classes (fifo 42, the ``run-when-free`` annotation): the runtime
+simulator does not merge an adjustment's ``linux.scheduler``/``io_priority``
+into the container it keeps, so nothing here can read them back; the
+adjustments the policy sends are tests/unit/nri_balloons/test_scheduling.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sst_node import Node, node
+
+# upstream's balloons-cstates.cfg merged into the chart's defaults
+CONFIG = """
+allocatorTopologyBalancing: false
+availableResources: {cpu: "cpuset:2-7,10-13"}
+reservedResources: {cpu: 750m}
+pinCPU: true
+idleCPUClass: default-class
+balloonTypes:
+- name: lowlatency-bln
+  cpuClass: lowlatency-class
+  schedulingClass: realtime
+cpuClasses:
+- {name: lowlatency-class, disabledCstates: [C4, C6, C8, C10]}
+- {name: default-class, disabledCstates: []}
+schedulingClasses:
+- {name: realtime, policy: fifo, priority: 42}
+- {name: run-when-free, policy: idle, nice: 17, ioClass: be, ioPriority: 6}
+reservedPoolNamespaces: [kube-system]
+"""
+
+POD1 = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: pod1
+  annotations:
+    balloon.balloons.resource-policy.nri.io: lowlatency-bln
+    scheduling-class.resource-policy.nri.io: run-when-free
+spec:
+  containers:
+  - name: pod1c0
+    image: busybox
+    resources:
+      requests: {cpu: "3", memory: 100M}
+"""
+
+AVAILABLE = [2, 3, 4, 5, 6, 7, 10, 11, 12, 13]
+UNAVAILABLE = [0, 1, 8, 9, 14, 15]
+ALL = {"POLL", "C1E", "C2", "C4", "C8"}  # n4c16: upstream's fake C-state names, and POLL
+
+
+def disable_files(n: Node, cpu: int) -> list[Path]:
+    return sorted((n.host_root / f"sys/devices/system/cpu/cpu{cpu}/cpuidle").glob("state*/disable"))
+
+
+def verify_cstates(n: Node, cpus: set[int] | list[int], disabled: set[str]) -> None:
+    """Upstream's verify-cstates: ``disabled`` off, the others on."""
+    for cpu in cpus:
+        assert n.disabled(cpu) == disabled, cpu
+
+
+async def test_cstates_scheduling() -> None:
+    async with node(CONFIG) as n:
+        # the fixture writer's last file: anything written after it is the helper's
+        written = (n.host_root / "sys/devices/system/node/node3/meminfo").stat().st_mtime_ns
+        # all c-states of all available CPUs are enabled
+        verify_cstates(n, AVAILABLE, set())
+
+        (cpu0,) = await n.create("pod0", "lowlatency-bln")
+        # CPUs of low-latency pod0 cannot enter C4 or C8 (C6, C10: not on this CPU)
+        verify_cstates(n, {cpu0}, {"C4", "C8"})
+        verify_cstates(n, set(AVAILABLE) - {cpu0}, set())
+
+        path = n.work / "pod1.yaml"
+        path.write_text(POD1)
+        pod1 = await n.create_from("pod1", path)
+        pod0 = n.cpus("pod0")
+        assert pod0 == pod1 and len(pod0) == 4
+        # CPUs of low-latency pods pod0 and pod1 cannot enter C4 or C8
+        verify_cstates(n, pod1, {"C4", "C8"})
+        verify_cstates(n, set(AVAILABLE) - pod1, set())
+        max_lowlatency = pod1
+
+        await n.delete("pod1")
+        pod0 = n.cpus("pod0")
+        assert len(pod0) == 1
+        # c-states of freed CPUs are enabled again after the balloon deflated
+        verify_cstates(n, max_lowlatency - pod0, set())
+        # the remaining CPU is still configured for low latency
+        verify_cstates(n, pod0, {"C4", "C8"})
+
+        await n.delete("pod0")
+        # all containers gone: c-states of all used CPUs are enabled again
+        verify_cstates(n, max_lowlatency, set())
+
+        # c-states of CPUs outside availableResources have not been written
+        for cpu in UNAVAILABLE:
+            for f in disable_files(n, cpu):
+                assert f.stat().st_mtime_ns <= written, f
+        assert disable_files(n, 0) and ALL == {
+            (f.parent / "name").read_text().strip() for f in disable_files(n, 0)
+        }
