@@ -107,6 +107,5 @@ async def test_cstates_scheduling() -> None:
         for cpu in UNAVAILABLE:
             for f in disable_files(n, cpu):
                 assert f.stat().st_mtime_ns <= written, f
-        assert disable_files(n, 0) and ALL == {
-            (f.parent / "name").read_text().strip() for f in disable_files(n, 0)
-        }
+        names = {(f.parent / "name").read_text().strip() for f in disable_files(n, 0)}
+        assert names == ALL  # the files checked are there
