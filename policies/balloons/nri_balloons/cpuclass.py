@@ -187,7 +187,10 @@ class CpuClassHandler:
         """True once a class disables C-states: from then on every class writes
         its C-states (an empty list enables them all)."""
         self.written: dict[int, _Written] = {}
-        self._cstates: dict[int, frozenset[str]] = {}
+        # each CPU's C-state names, read once here (start-up, off the NRI reply path)
+        self._cstates: dict[int, frozenset[str]] = {
+            cpu: _cstate_names(topology.host_root, cpu) for cpu in cpuset.ids(topology.online)
+        }
         self.uncore_written: dict[tuple[int, int], tuple[int, int]] = {}
         self.degraded = False
         self.uncore_available = (Path(topology.host_root) / UNCORE_DIR).is_dir()
@@ -308,20 +311,6 @@ class CpuClassHandler:
                 if self.cpu_class.get(cpu) != syn:
                     self.cpu_class[cpu] = syn
                     self.dirty |= 1 << cpu
-
-    def _cstate_names(self, cpu: int) -> frozenset[str]:
-        """The cpuidle state names of ``cpu`` in the host's sysfs (read once)."""
-        names = self._cstates.get(cpu)
-        if names is None:
-            d = Path(self.topology.host_root) / f"sys/devices/system/cpu/cpu{cpu}/cpuidle"
-            found: set[str] = set()
-            for state in d.glob("state*/name"):
-                try:
-                    found.add(state.read_text(errors="replace").strip()[:64])
-                except OSError:
-                    continue
-            names = self._cstates[cpu] = frozenset(found)
-        return names
 
     def _synthetic(self, name: str, d: int) -> str:
         if not name or name not in self.classes:
@@ -483,7 +472,7 @@ class CpuClassHandler:
             if self.cstates_managed:
                 # upstream filters the class's names by the C-states the CPU has
                 # (cstates.NewBasicFilter().SetCstateNames): unknown ones are no writes
-                want = tuple(sorted(set(d.disabled_cstates) & self._cstate_names(cpu)))
+                want = tuple(sorted(set(d.disabled_cstates) & self._cstates.get(cpu, frozenset())))
                 if want != w.cstates:
                     cstate_groups.setdefault(want, []).append(cpu)
                     key = (syn, list_v(want))
@@ -559,3 +548,16 @@ def _describe(req: WriteRequest) -> str:
         return f"uncore of package {req.package} die {req.die}"
     what = "cpufreq" if isinstance(req, m.SetCpufreq) else "C-states"
     return f"{what} of CPUs {cpuset.format(cpuset.from_ids(req.cpus))}"
+
+
+def _cstate_names(host_root: str | Path, cpu: int) -> frozenset[str]:
+    """The cpuidle state names of ``cpu`` in the host's sysfs (each at most 64
+    characters; an unreadable state is left out)."""
+    d = Path(host_root) / f"sys/devices/system/cpu/cpu{cpu}/cpuidle"
+    found: set[str] = set()
+    for state in d.glob("state*/name"):
+        try:
+            found.add(state.read_text(errors="replace").strip()[:64])
+        except OSError:
+            continue
+    return frozenset(found)
