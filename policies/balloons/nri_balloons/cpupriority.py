@@ -197,12 +197,12 @@ SstStatus = tuple[m.DiscoverReply, dict[int, int]]
 
 def cpu_priorities(topology: Topology, sst: SstStatus | None = None) -> dict[CpuPriority, int]:
     """``discoverCPUPriorities``: per package, SST's priorities when SST prioritises
-    the package's CPUs, otherwise cpufreq's; E-cores are never ``HIGH`` or
-    ``NORMAL`` when the system has other cores."""
+    the package's CPUs, otherwise cpufreq's. (That E-cores are never ``HIGH``
+    or ``NORMAL`` when the system has other cores is the allocator's rule, for
+    every priority input: :class:`~nri_balloons.cpuallocator.CpuAllocator`.)"""
     packages = (
         {p.package: p for p in sst[0].packages} if sst is not None and sst[0].supported else {}
     )
-    others = topology.online & ~topology.efficient_cpus
     prios = dict.fromkeys(PRIOS, 0)
     for pkg_id, pkg_cpus in topology.package_masks.items():
         source, active = "cpufreq", False
@@ -214,13 +214,11 @@ def cpu_priorities(topology: Topology, sst: SstStatus | None = None) -> dict[Cpu
             got, source = _cpufreq_package(topology, pkg_cpus), "cpufreq"
         for p in PRIOS:
             cpus = got[p]
-            if p is not CpuPriority.LOW and others:
-                cpus &= ~topology.efficient_cpus
             log.debug(
                 "package #%d (%s): %d %s priority cpus (%s)",
                 pkg_id,
                 source,
-                got[p].bit_count(),
+                cpus.bit_count(),
                 p,
                 cpuset.format(cpus),
             )
