@@ -92,6 +92,22 @@ def _meminfo_total(path: Path) -> int:
     raise TopologyError(f"no valid MemTotal line in {path}", path)
 
 
+MAX_EPP_LENGTH = 64
+"""The longest ``energy_performance_preference`` kept (the kernel's names are
+at most 19 characters; a raw 0-255 value is 3)."""
+
+
+def _epp(path: Path) -> str:
+    """``energy_performance_preference``: "" when missing; an unreadable,
+    over-long or multi-word file is a :class:`TopologyError`."""
+    text = _read_optional(path)
+    if text is None:
+        return ""
+    if len(text) > MAX_EPP_LENGTH or not text.isprintable() or " " in text:
+        raise TopologyError(f"invalid energy performance preference {text[:80]!r} in {path}", path)
+    return text
+
+
 # ---------------------------------------------------------------------------
 # discovery
 
@@ -265,6 +281,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
     core_id: dict[int, int] = {}
     core_of: dict[int, int] = {}
     freq: dict[int, CpuFreq] = {}
+    epp: dict[int, str] = {}
     no_base = 0
     caches = {2: _CacheGroups(2), 3: _CacheGroups(3)}
     for cpu in cpuset.ids(online):
@@ -296,6 +313,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
                 no_base |= 1 << cpu
             base = fmax
         freq[cpu] = CpuFreq(fmin, base, fmax)
+        epp[cpu] = _epp(f / "energy_performance_preference")
     if no_base:
         log.warning(
             "no cpufreq/base_frequency for CPUs %s; using cpuinfo_max_freq as base",
@@ -356,6 +374,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
             core_type=CoreType.EFFICIENT if efficient >> cpu & 1 else CoreType.PERFORMANCE,
             isolated=bool(isolated >> cpu & 1),
             freq=freq[cpu],
+            epp=epp[cpu],
         )
     return Topology(
         infos,

@@ -28,7 +28,8 @@ Rules (upstream ``pkg/sysfs`` behaviour unless noted):
   of ``cpu_core``/``cpu_atom`` exists, the remaining online CPUs are of the
   other type.
 - ``base_frequency`` falls back to ``cpuinfo_max_freq`` with a warning; CPUs
-  without ``cpufreq/`` report 0 for all frequencies.
+  without ``cpufreq/`` report 0 for all frequencies and no
+  ``energy_performance_preference`` ("").
 
 Every unreadable or malformed file raises :class:`TopologyError` naming the path.
 """
@@ -111,6 +112,8 @@ class CpuInfo:
     core_type: CoreType
     isolated: bool
     freq: CpuFreq
+    epp: str = ""
+    """``cpufreq/energy_performance_preference`` ("" when the CPU has none)."""
 
     @property
     def die_key(self) -> tuple[int, int]:

@@ -155,6 +155,11 @@ def write_topology(root: Path, spec: TopologySpec | str) -> Path:
     die = group_masks("die_index")
     node = group_masks("node")
 
+    epp: dict[int, str] = {}
+    for cpus_text, preference in spec.epp_by_cpus:
+        for cpu in cpuset.ids(parse_cpus(cpus_text)):
+            epp[cpu] = preference
+
     base = "sys/devices/system/cpu"
     for name, mask in (
         ("online", on),
@@ -216,7 +221,7 @@ def write_topology(root: Path, spec: TopologySpec | str) -> Path:
         if spec.numa:
             files.symlink(f"{d}/node{c.node}", f"../../node/node{c.node}")
         if spec.cpufreq is not None:
-            _write_cpufreq(files, f"{d}/cpufreq", spec.cpufreq, c.cpu)
+            _write_cpufreq(files, f"{d}/cpufreq", spec.cpufreq, c.cpu, epp.get(c.cpu))
 
     if spec.cpufreq is not None and spec.cpufreq.driver == "intel_pstate":
         for name, value in (
@@ -260,7 +265,7 @@ def _write_cpuidle(files: _Files, d: str, spec: TopologySpec) -> None:
             files.write(f"{sd}/{name}", value)
 
 
-def _write_cpufreq(files: _Files, d: str, f: CpuFreqSpec, cpu: int) -> None:
+def _write_cpufreq(files: _Files, d: str, f: CpuFreqSpec, cpu: int, epp: str | None) -> None:
     for name, value in (
         ("cpuinfo_min_freq", f.min_khz),
         ("cpuinfo_max_freq", f.max_khz),
@@ -272,7 +277,7 @@ def _write_cpufreq(files: _Files, d: str, f: CpuFreqSpec, cpu: int) -> None:
         ("scaling_driver", f.driver),
         ("scaling_governor", f.governor),
         ("scaling_available_governors", " ".join(f.governors)),
-        ("energy_performance_preference", f.epp),
+        ("energy_performance_preference", f.epp if epp is None else epp),
         (
             "energy_performance_available_preferences",
             "default performance balance_performance balance_power power",

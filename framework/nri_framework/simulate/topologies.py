@@ -47,6 +47,10 @@ writes its sysfs tree. The presets (:data:`TOPOLOGIES`):
     and present CPUs are ``0-2,511,1535,4095``; nodes 1, 3-6 have memory and no
     CPUs. No cpufreq, as in the VM.
 
+``hybrid12`` (:data:`HYBRID12`)
+    A hybrid part with one base frequency: 4 P-cores, 8 E-cores in two L2
+    clusters, one thread each.
+
 Every number lives in a frozen :class:`TopologySpec`; derive variants with
 ``dataclasses.replace(XEON_6776P, l3_scope="numa")``.
 """
@@ -124,7 +128,9 @@ class TopologySpec:
 
     ``online``/``present``/``isolated``/``efficient_cpus`` are cpuset strings;
     ``online=None`` means every possible CPU, ``present=None`` means ``online``,
-    ``efficient_cpus=None`` writes no hybrid core-type files.
+    ``efficient_cpus=None`` writes no hybrid core-type files. Every CPU has
+    ``cpufreq``'s frequencies (one base frequency); ``epp_by_cpus`` varies the
+    EPP per CPU.
     """
 
     name: str = "custom"
@@ -147,6 +153,9 @@ class TopologySpec:
     distance_same_package: int = 21
     distance_other_package: int = 21
     cpufreq: CpuFreqSpec | None = None
+    epp_by_cpus: tuple[tuple[str, str], ...] = ()
+    """``(cpuset, preference)`` pairs: the ``energy_performance_preference`` of
+    those CPUs instead of ``cpufreq.epp`` (later pairs win)."""
     cstates: tuple[CState, ...] = ()
     cpuidle_driver: str = "intel_idle"
     uncore: UncoreSpec | None = None
@@ -308,6 +317,20 @@ PCT16 = TopologySpec(
 GHz) with the 6776P's numbering (SMT sibling = cpu + 8), so the SST helper's
 sim backend (``--sim-config`` with 2 packages of one 4-core punit) models it."""
 
+HYBRID12 = TopologySpec(
+    name="hybrid12",
+    packages=1,
+    cores_per_node=12,
+    threads_per_core=1,
+    cores_per_l2=4,
+    efficient_cpus="4-11",
+    cpufreq=CpuFreqSpec(min_khz=800_000, base_khz=2_000_000, max_khz=4_000_000),
+)
+"""A hybrid part with one base frequency: P-cores 0-3 (one L2 group), E-cores
+4-11 (two L2 clusters of four), every CPU with base 2.0 GHz and the same EPP,
+so cpufreq bins tell the core types nothing (CPU priorities: P-cores normal,
+E-cores low)."""
+
 S8C4K = TopologySpec(
     name="s8c4k",
     packages=8,
@@ -317,4 +340,6 @@ S8C4K = TopologySpec(
     online="0-2,511,1535,4095",
 )
 
-TOPOLOGIES: Mapping[str, TopologySpec] = {t.name: t for t in (N4C16, XEON_6776P, PCT16, S8C4K)}
+TOPOLOGIES: Mapping[str, TopologySpec] = {
+    t.name: t for t in (N4C16, XEON_6776P, PCT16, HYBRID12, S8C4K)
+}

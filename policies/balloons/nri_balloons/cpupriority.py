@@ -3,10 +3,16 @@
 
 A balloon type's ``allocatorPriority`` asks the final pick
 (:mod:`nri_balloons.cpuallocator`) for CPUs of one priority. The priorities are
-an input of the allocator: upstream discovers them once from SST (TF/CP/BF) or
-cpufreq; SST status is the helper's business here, so the policy passes what it
-learned. :func:`cpufreq_priorities` ports the cpufreq source except the
-``energy_performance_preference`` bins (the topology does not read EPP).
+an input of the allocator, discovered once at start (reference §7.2,
+``discoverCPUPriorities``), per package: from SST when SST prioritises that
+package's CPUs (:func:`sst_priorities`: SST-TF, then SST-CP, then SST-BF),
+otherwise from cpufreq (:func:`cpufreq_priorities`: base-frequency bins, then
+EPP bins; E-cores always low). SST status is the privileged helper's business
+here: :func:`discover_steps` reads it through the helper (``Discover`` and
+``GetAssociation``) and :func:`discover` runs them, off the reply path.
+What differs from upstream: a CPU on a CLOS the SST-CP mapping does not know
+is ``normal`` (upstream's map lookup gives ``high``), and the helper's CPU ids
+are taken only within the topology's online CPUs.
 
 Every CPU set is an ``int`` bitmask (see :mod:`nri_framework.cpuset`).
 """
@@ -14,11 +20,39 @@ Every CPU set is an ``int`` bitmask (see :mod:`nri_framework.cpuset`).
 from __future__ import annotations
 
 import enum
+import logging
+from collections.abc import Iterable, Mapping
 
 from nri_framework import cpuset
 from nri_framework.topology import Topology
+from nri_sst import messages as m
 
-__all__ = ["PRIOS", "CpuPriority", "Priorities", "cpufreq_priorities"]
+from nri_balloons.sstlink import (
+    Ask,
+    Budget,
+    Steps,
+    Writer,
+    WriteRefused,
+    WriterUnavailable,
+    exchange,
+)
+
+log = logging.getLogger("nri_balloons.cpus")  # the allocator's logger
+
+__all__ = [
+    "PRIOS",
+    "CpuPriority",
+    "Priorities",
+    "cpu_priorities",
+    "cpufreq_priorities",
+    "discover",
+    "discover_steps",
+    "sst_priorities",
+]
+
+DISCOVER_BUDGET = 2.0
+"""Seconds the start-up waits for the helper's SST status, both requests
+together (the helper absent: the cpufreq source after that)."""
 
 
 class CpuPriority(enum.IntEnum):
@@ -43,25 +77,185 @@ _PRIORITY_NAMES = {p.name.lower(): p for p in CpuPriority if p is not CpuPriorit
 PRIOS = (CpuPriority.HIGH, CpuPriority.NORMAL, CpuPriority.LOW)
 
 
+EPP_RANKS = {"performance": 0, "balance_performance": 1, "balance_power": 2, "power": 3}
+"""``energy_performance_preference`` names in upstream's ``sysfs.EPP`` order
+(a higher rank prefers energy); any other value is unknown and not a bin."""
+_EPP_UNKNOWN = len(EPP_RANKS)
+
+
 def cpufreq_priorities(topology: Topology) -> dict[CpuPriority, int]:
-    """CPU priorities from cpufreq (``discoverCpufreqPriority``), per package: when
-    the package's CPUs have more than one base frequency, those above the lowest are
-    ``HIGH`` and the rest ``LOW``; otherwise all are ``NORMAL``. Efficient cores are
-    always ``LOW``."""
+    """CPU priorities from cpufreq (``discoverCpufreqPriority``) of every package."""
     prios = dict.fromkeys(PRIOS, 0)
     for pkg_cpus in topology.package_masks.values():
-        ids = cpuset.ids(pkg_cpus)
-        freqs = sorted({topology.cpus[c].freq.base for c in ids} - {0})
-        for c in ids:
-            info = topology.cpus[c]
-            if topology.efficient_cpus >> c & 1:
-                p = CpuPriority.LOW
-            elif len(freqs) > 1:
-                p = CpuPriority.HIGH if info.freq.base > freqs[0] else CpuPriority.LOW
-            else:
-                p = CpuPriority.NORMAL
-            prios[p] |= 1 << c
+        for p, cpus in _cpufreq_package(topology, pkg_cpus).items():
+            prios[p] |= cpus
     return prios
+
+
+def _cpufreq_package(topology: Topology, pkg_cpus: int) -> dict[CpuPriority, int]:
+    """One package: when its CPUs have more than one base frequency, those above
+    the lowest are ``HIGH`` and the rest ``LOW``, otherwise all ``NORMAL``; then
+    efficient cores are ``LOW`` and, when the other CPUs have more than one known
+    EPP, those below the most energy-preferring EPP are ``HIGH`` and the rest
+    ``LOW`` (an unknown EPP counts as the most energy-preferring)."""
+    prios = dict.fromkeys(PRIOS, 0)
+    ids = cpuset.ids(pkg_cpus)
+    freqs = sorted({topology.cpus[c].freq.base for c in ids} - {0})
+    epps = sorted({EPP_RANKS[e] for c in ids if (e := topology.cpus[c].epp) in EPP_RANKS})
+    for c in ids:
+        info = topology.cpus[c]
+        p = CpuPriority.NORMAL
+        if len(freqs) > 1:
+            p = CpuPriority.HIGH if info.freq.base > freqs[0] else CpuPriority.LOW
+        if topology.efficient_cpus >> c & 1:
+            p = CpuPriority.LOW
+        elif len(epps) > 1:
+            rank = EPP_RANKS.get(info.epp, _EPP_UNKNOWN)
+            p = CpuPriority.HIGH if rank < epps[-1] else CpuPriority.LOW
+        prios[p] |= 1 << c
+    return prios
+
+
+def _clos_priority(punit: m.PunitInfo) -> dict[int, CpuPriority]:
+    """``sstClosPriority``: CLOS id -> priority. Ordered SST-CP ranks the CLOS by id,
+    proportional by their proportional priority (one CLOS per value, the last
+    wins); the first is ``HIGH``, the last ``LOW``, the others ``NORMAL``."""
+    if punit.cp.priority == "ordered":
+        ranked = sorted({c.clos for c in punit.clos})
+    else:
+        by_pp = {c.proportional_priority: c.clos for c in punit.clos}
+        ranked = [by_pp[pp] for pp in sorted(by_pp)]
+    out = dict.fromkeys(ranked, CpuPriority.NORMAL)
+    if len(ranked) > 1:
+        out[ranked[0]] = CpuPriority.HIGH
+        out[ranked[-1]] = CpuPriority.LOW
+    return out
+
+
+def sst_priorities(
+    package: m.PackageInfo, clos_of: Mapping[int, int], online: int
+) -> tuple[dict[CpuPriority, int], bool]:
+    """CPU priorities of one package from SST (``discoverSstCPUPriority``) and
+    whether SST prioritises its CPUs at all. Per punit: SST-TF enabled, CPUs on
+    CLOS 0-1 are ``HIGH`` and the others ``LOW``; else SST-CP enabled, each CPU
+    gets its CLOS's priority (:func:`_clos_priority`; active when some CPU is not
+    ``NORMAL``); else, when nothing was active so far and SST-BF is enabled,
+    its high-priority CPUs are ``HIGH`` (the rest of such a punit has no
+    priority, as upstream). ``clos_of`` is the helper's CPU -> CLOS association;
+    only CPUs of ``online`` are taken."""
+    prio_of: dict[int, CpuPriority] = {}
+    active = False
+    for pu in package.punits:
+        cpus = _online_ids(pu.cpus, online)
+        if pu.tf.enabled:
+            log.debug(
+                "package #%d punit #%d: using SST-TF based CPU prioritization",
+                package.package,
+                pu.punit,
+            )
+            for c in cpus:
+                prio_of[c] = CpuPriority.HIGH if clos_of.get(c, 0) < 2 else CpuPriority.LOW
+            active = True
+        elif pu.cp.enabled:
+            closes = _clos_priority(pu)
+            log.debug(
+                "package #%d punit #%d: using SST-CP based CPU prioritization with CLOS mapping %s",
+                package.package,
+                pu.punit,
+                "map[" + " ".join(f"{k}:{v}" for k, v in sorted(closes.items())) + "]",
+            )
+            for c in cpus:
+                p = closes.get(clos_of.get(c, 0), CpuPriority.NORMAL)
+                active = active or p is not CpuPriority.NORMAL
+                prio_of[c] = p
+        if not active and pu.pp.supported and pu.bf.enabled:
+            log.debug(
+                "package #%d punit #%d: using SST-BF based CPU prioritization",
+                package.package,
+                pu.punit,
+            )
+            for c in _online_ids(pu.bf.hp_cpus, online):
+                prio_of[c] = CpuPriority.HIGH
+            active = True
+    prios = dict.fromkeys(PRIOS, 0)
+    for c, p in prio_of.items():
+        prios[p] |= 1 << c
+    return prios, active
+
+
+def _online_ids(ids: Iterable[int], online: int) -> list[int]:
+    """The ids of ``ids`` that are online CPUs (a peer's ids are never shifted
+    into a mask unchecked: ``1 << 10**12`` would not fit in memory)."""
+    return [
+        c for c in ids if isinstance(c, int) and 0 <= c < online.bit_length() and online >> c & 1
+    ]
+
+
+SstStatus = tuple[m.DiscoverReply, dict[int, int]]
+"""What the helper reports of SST: its discovery and the CPU -> CLOS association."""
+
+
+def cpu_priorities(topology: Topology, sst: SstStatus | None = None) -> dict[CpuPriority, int]:
+    """``discoverCPUPriorities``: per package, SST's priorities when SST prioritises
+    the package's CPUs, otherwise cpufreq's. (That E-cores are never ``HIGH``
+    or ``NORMAL`` when the system has other cores is the allocator's rule, for
+    every priority input: :class:`~nri_balloons.cpuallocator.CpuAllocator`.)"""
+    packages = (
+        {p.package: p for p in sst[0].packages} if sst is not None and sst[0].supported else {}
+    )
+    prios = dict.fromkeys(PRIOS, 0)
+    for pkg_id, pkg_cpus in topology.package_masks.items():
+        source, active = "cpufreq", False
+        info = packages.get(pkg_id)
+        if info is not None and sst is not None:
+            got, active = sst_priorities(info, sst[1], pkg_cpus)
+            source = "sst"
+        if not active:
+            got, source = _cpufreq_package(topology, pkg_cpus), "cpufreq"
+        for p in PRIOS:
+            cpus = got[p]
+            log.debug(
+                "package #%d (%s): %d %s priority cpus (%s)",
+                pkg_id,
+                source,
+                cpus.bit_count(),
+                p,
+                cpuset.format(cpus),
+            )
+            prios[p] |= cpus
+    return prios
+
+
+def discover_steps() -> Steps[SstStatus | None]:
+    """Read SST through the helper: ``Discover``, then the association of every
+    CPU of its punits; None when the helper reports no SST."""
+    reply = yield Ask(m.Discover(), DISCOVER_BUDGET)
+    if not isinstance(reply, m.DiscoverReply) or not reply.supported:
+        return None
+    cpus = sorted({c for pkg in reply.packages for pu in pkg.punits for c in pu.cpus})
+    assoc = yield Ask(m.GetAssociation(cpus=cpus), DISCOVER_BUDGET)
+    if not isinstance(assoc, m.GetAssociationReply):
+        return None
+    return reply, dict(assoc.clos)
+
+
+def discover(
+    topology: Topology, writer: Writer, budget: Budget | None = None
+) -> dict[CpuPriority, int]:
+    """The CPU priorities of this node, once at start: SST through the helper
+    when there is one (waiting at most ``budget``, :data:`DISCOVER_BUDGET` by
+    default), otherwise, or when it is away or refuses, cpufreq."""
+    sst: SstStatus | None = None
+    if writer.endpoint:
+        try:
+            sst = exchange(discover_steps(), writer, budget or Budget(DISCOVER_BUDGET))
+        except (WriterUnavailable, WriteRefused) as exc:
+            log.warning(
+                "CPU priorities: cannot read SST status from the SST helper (%s); "
+                "using cpufreq base frequencies and EPP",
+                exc,
+            )
+    return cpu_priorities(topology, sst)
 
 
 class Priorities:

@@ -10,6 +10,7 @@ back to if the new configuration cannot be set up.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -17,6 +18,7 @@ from nri_framework.topology import Topology
 
 from nri_balloons.balloon import Balloon
 from nri_balloons.config import BalloonsPolicySpec, BalloonType
+from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.trees import TypeTrees, build_trees
 from nri_balloons.validation import PreparedConfig
 
@@ -65,8 +67,15 @@ class Placement:
     owner: dict[str, Balloon] = field(default_factory=dict)
 
     @classmethod
-    def for_config(cls, topology: Topology, host_root: str, prepared: PreparedConfig) -> Placement:
-        """A placement of ``prepared`` with no balloons yet: every allowed CPU free."""
+    def for_config(
+        cls,
+        topology: Topology,
+        host_root: str,
+        prepared: PreparedConfig,
+        priorities: Mapping[CpuPriority, int] | None = None,
+    ) -> Placement:
+        """A placement of ``prepared`` with no balloons yet: every allowed CPU free.
+        ``priorities``: the CPU allocator's (None: from cpufreq)."""
         allowed = (prepared.allowed if prepared.allowed is not None else topology.online) & (
             topology.online
         )
@@ -78,7 +87,7 @@ class Placement:
             reserved=reserved,
             types={t.name: t for t in prepared.balloon_types},
             options=options,
-            trees=build_trees(topology, host_root, prepared, reserved, options),
+            trees=build_trees(topology, host_root, prepared, reserved, options, priorities),
             free=allowed,
         )
 

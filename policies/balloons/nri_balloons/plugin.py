@@ -36,7 +36,7 @@ from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
-from nri_balloons import scheduling
+from nri_balloons import cpupriority, scheduling
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
 from nri_balloons.configyaml import load_policy
@@ -318,9 +318,11 @@ class Balloons:
             writer = HelperWriter(endpoint)
         else:
             writer = NullWriter()
-        self.policy = BalloonsPolicy(
-            Topology.from_sysfs(host.host_root), host.host_root, writer=writer
-        )
+        topology = Topology.from_sysfs(host.host_root)
+        # CPU priorities once at start (upstream's cpuallocator), before any NRI
+        # request: SST through the helper, within DISCOVER_BUDGET; else cpufreq
+        priorities = cpupriority.discover(topology, writer)
+        self.policy = BalloonsPolicy(topology, host.host_root, writer=writer, priorities=priorities)
         # until the runtime's Synchronize names the running containers, SST is
         # programmed but no CPU re-associated (a restarted plugin would send
         # running HP pods' CPUs to the idle class meanwhile)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from nri_framework import cpuset
@@ -31,6 +31,7 @@ from nri_balloons.composite import new_composite, resize_composite
 from nri_balloons.config import BalloonsPolicySpec, BalloonType
 from nri_balloons.containers import limit_milli, request_milli
 from nri_balloons.cpuclass import CpuClassHandler, Writer
+from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.cputree import ResizeError
 from nri_balloons.errors import BalloonsError
 from nri_balloons.expression import Subject
@@ -86,10 +87,16 @@ class BalloonsPolicy:
     owner: _Placed[dict[str, Balloon]] = _Placed()
 
     def __init__(
-        self, topology: Topology, host_root: str = "/", writer: Writer | None = None
+        self,
+        topology: Topology,
+        host_root: str = "/",
+        writer: Writer | None = None,
+        priorities: Mapping[CpuPriority, int] | None = None,
     ) -> None:
         self.topology = topology
         self.host_root = host_root
+        self.priorities = priorities
+        """the CPU priorities discovered at start (None: cpufreq's)"""
         self.cpu_classes = CpuClassHandler(topology, writer)
         self.placement = Placement()
 
@@ -98,7 +105,9 @@ class BalloonsPolicy:
     def set_config(self, prepared: PreparedConfig, wait: Wait = DEFAULT_WAIT) -> None:
         """Start over with ``prepared``: no balloons but the pre-created ones.
         ``wait``: how the cpuClasses' SST programming waits for the helper."""
-        self.placement = Placement.for_config(self.topology, self.host_root, prepared)
+        self.placement = Placement.for_config(
+            self.topology, self.host_root, prepared, self.priorities
+        )
         self._configure_classes(prepared.spec, strict=True, wait=wait)
         for prio in PRIORITY_ORDER:
             for bdef in prepared.balloon_types:

@@ -65,8 +65,10 @@ def build_trees(
     prepared: PreparedConfig,
     reserved: int,
     options: Mapping[str, TypeOptions],
+    priorities: Mapping[CpuPriority, int] | None = None,
 ) -> TypeTrees:
-    """The tree allocators of ``prepared``'s types, sharing one CPU allocator."""
+    """The tree allocators of ``prepared``'s types, sharing one CPU allocator
+    (with ``priorities``, None: from cpufreq)."""
     resolver = DeviceResolver(topology, host_root, reserved)
     reserved_cpuset = bool(prepared.reserved)
     close = {
@@ -90,7 +92,7 @@ def build_trees(
             if dev not in devices:
                 devices.append(dev)
         out.type_loads[t.name] = devices
-    allocator = CpuAllocator(topology)  # one for the whole policy
+    allocator = CpuAllocator(topology, priorities)  # one for the whole policy
     for t in prepared.balloon_types:
         opts = options[t.name]
         loads = out.type_loads[t.name]

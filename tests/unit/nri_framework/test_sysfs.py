@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from nri_framework.simulate.sysfs import write_topology
-from nri_framework.simulate.topologies import TopologySpec
+from nri_framework.simulate.topologies import CpuFreqSpec, TopologySpec
 from nri_framework.topology import Topology, TopologyError
 
 CPU = "sys/devices/system/cpu"
@@ -137,3 +137,25 @@ def test_unreadable_file(small: Path) -> None:
     path.unlink()
     path.mkdir()
     _expect(small, f"{CPU}/cpu0/topology/core_id", "cannot read")
+
+
+def test_energy_performance_preference(tmp_path: Path) -> None:
+    """Each CPU's EPP is read as it is; a CPU without cpufreq has none; an
+    over-long or multi-word file is an error naming it."""
+    spec = TopologySpec(
+        packages=1,
+        cores_per_node=2,
+        threads_per_core=1,
+        cpufreq=CpuFreqSpec(800_000, 2_000_000, 3_000_000),
+        epp_by_cpus=(("1", "power"),),
+    )
+    root = write_topology(tmp_path, spec)
+    topo = Topology.from_sysfs(root)
+    assert [topo.cpus[c].epp for c in (0, 1)] == ["balance_performance", "power"]
+    rel = f"{CPU}/cpu1/cpufreq/energy_performance_preference"
+    (root / rel).write_text("x" * 100_000)
+    _expect(root, rel, "invalid energy performance preference")
+    (root / rel).write_text("balance power\n")
+    _expect(root, rel, "invalid energy performance preference")
+    shutil.rmtree(root / f"{CPU}/cpu1/cpufreq")
+    assert Topology.from_sysfs(root).cpus[1].epp == ""

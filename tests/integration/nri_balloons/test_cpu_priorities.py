@@ -1,0 +1,62 @@
+"""CPU priorities from SST read through a real SST helper process (sim
+backend, over its ZeroMQ socket) in assoc-only state: the BIOS's or operator's
+programming the plugin only reads (the sim's ``bios-pct-on``: SST-CP on with
+ordered priority, SST-TF on, the first two cores of each punit on CLOS 0, the
+others on CLOS 2), moved further by an operator's association; the plugin's
+start-up discovery (:func:`nri_balloons.cpupriority.discover`) ranks CLOS 0-1
+high and the rest low (the SST-TF rule), as upstream's cpuallocator does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nri_balloons.cpuallocator import CpuAllocator
+from nri_balloons.cpupriority import CpuPriority, discover
+from nri_balloons.sstlink import HelperWriter
+from nri_framework import cpuset
+from nri_framework.simulate.sysfs import write_topology
+from nri_framework.simulate.topologies import PCT16
+from nri_framework.topology import Topology
+from nri_sst import messages as m
+from nri_sst.client import SyncHelperClient
+from sst_node import Helper
+
+SIM = {
+    "packages": 2,
+    "punits_per_package": 1,
+    "cores_per_punit": 4,
+    "base_mhz": 2900,
+    "p0_mhz": 3800,
+    "cpuinfo_max_khz": 3_800_000,
+    "tf_buckets": [2],
+    "tf_mhz": [3800],
+    "lp_clip_mhz": 2900,
+    "profile": "bios-pct-on",
+}
+
+
+def test_assoc_only_sst_cp_ranks_the_cpus(tmp_path: Path) -> None:
+    root = write_topology(tmp_path / "host", PCT16)
+    config = tmp_path / "sim-config.json"
+    config.write_text(json.dumps(SIM))
+    helper = Helper(tmp_path, root, ("--sim-config", str(config)))
+    helper.start()
+    try:
+        with SyncHelperClient(helper.endpoint, timeout=2.0, client="operator") as op:
+            # the operator moves core 1 of package 0 (CPUs 1 and 9) to CLOS 2
+            op.call(m.AssociateCpus(clos=2, cpus=[1]), m.AssociateCpusReply)
+        topo = Topology.from_sysfs(root)
+        writer = HelperWriter(helper.endpoint)
+        try:
+            prios = discover(topo, writer)
+        finally:
+            writer.close()
+    finally:
+        helper.stop()
+    assert cpuset.format(prios[CpuPriority.HIGH]) == "0,4-5,8,12-13"
+    assert cpuset.format(prios[CpuPriority.NORMAL]) == ""
+    assert cpuset.format(prios[CpuPriority.LOW]) == "1-3,6-7,9-11,14-15"
+    # a high-priority pick takes the CLOS 0 cores
+    alloc = CpuAllocator(topo, prios)
+    assert alloc.allocate(topo.online, 2, CpuPriority.HIGH) & ~prios[CpuPriority.HIGH] == 0
