@@ -128,3 +128,22 @@ async def test_metrics_address_overrides_the_configuration(tmp_path: Path) -> No
         assert not await serves(asked)
         await reload(proc, tmp_path / "balloons.yaml", f"127.0.0.1:{free_port()}", "applied")
         assert await serves(fixed) and not await serves(asked)
+
+
+async def test_the_configured_endpoint_serves_before_the_runtime_is_there(tmp_path: Path) -> None:
+    """The configuration from ``--config-file`` is the policy's at start: its
+    endpoint answers (unhealthy, saying why) while no runtime is there yet."""
+    write_topology(tmp_path / "host", "n4c16")
+    cfg = tmp_path / "balloons.yaml"
+    port = free_port()
+    cfg.write_text(CONFIG % f"127.0.0.1:{port}")
+    cmd = [sys.executable, "-m", "nri_framework", "run", "--policy", "balloons",
+           "--nri-socket", str(tmp_path / "nri.sock"), "--host-root", str(tmp_path / "host"),
+           "--state-dir", str(tmp_path / "state"), "--config-file", str(cfg)]  # fmt: skip
+    proc = await PluginProcess.launch(cmd)
+    try:
+        await until_serves(port, 20)
+        status, body = await http_get(port, "/healthz")
+        assert status == 503 and "not registered with the NRI runtime" in body
+    finally:
+        await proc.stop()
