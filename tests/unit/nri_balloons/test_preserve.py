@@ -23,6 +23,7 @@ from topologies import topology
 CONFIG = """
 reservedResources: {cpu: "cpuset:0"}
 pinMemory: true
+showContainersInNrt: true
 balloonTypes:
 - {name: ns, namespaces: ["*"], minCPUs: 2, maxCPUs: 4}
 preserve:
@@ -126,3 +127,19 @@ def test_memory_preserved_container_through_the_hooks(host: PolicyHost) -> None:
     moved = {u.container_id: u.resources.cpu for u in made.updates}
     assert moved["c0"] is not None and moved["c0"].cpus == sibling.cpus
     assert moved["c0"].mems == ""
+
+
+def test_memory_preserved_container_zone_has_no_memory_set(host: PolicyHost) -> None:
+    """Upstream n6-hbm-cxl/test04: a memory-preserved container's NRT subzone
+    shows an empty ``memory set``; its siblings' show the balloon's nodes."""
+    pod = pod_with({f"{ann.MEMORY_PRESERVE}/container.c0": "true"})
+    host.create_container(pod, ctr("c0"))
+    host.create_container(pod, ctr("c1"))
+    zones = {
+        z.name: {a.name: a.value for a in z.attributes}
+        for z in host.hook.policy_topology_zones() or []
+        if z.type == "allocation for container"
+    }
+    assert zones["ns/p/c0"]["memory set"] == ""
+    assert zones["ns/p/c1"]["memory set"] != ""
+    assert zones["ns/p/c0"]["cpuset"] == zones["ns/p/c1"]["cpuset"]
