@@ -87,8 +87,9 @@ def add_run_parser(
         "--metrics-address",
         default="",
         help="serve /healthz, /metrics and /debug/state over HTTP at HOST:PORT (':PORT': "
-        "every interface, as the chart's config.instrumentation.httpEndpoint ':8891'); "
-        "empty (default): not served",
+        "every interface, as the chart's config.instrumentation.httpEndpoint ':8891'), "
+        "whatever the policy's configuration names; empty (default): where the "
+        "configuration names (balloons: instrumentation.httpEndpoint), if anywhere",
     )
     p.add_argument(
         "--retry-interval",
@@ -218,8 +219,11 @@ async def serve(
     )
     if instrumentation is None:
         instrumentation = await start_instrumentation(host, stub, metrics_address)
-    if instrumentation is not None:
-        instrumentation.attach(host, stub, watch)
+    if instrumentation is None:  # no --metrics-address (or not bindable): the configuration's
+        instrumentation = Instrumentation(host, stub, "", override=metrics_address)
+    instrumentation.attach(host, stub, watch)
+    host.add_listener(instrumentation.follow_policy)
+    instrumentation.follow_policy()  # the configuration policy_start applied
     k8s = None
     if watch is not None:
         watch.start()

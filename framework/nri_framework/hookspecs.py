@@ -195,6 +195,26 @@ def policy_extended_resources() -> dict[str, int | None] | None:
     """
 
 
+@hookspec(firstresult=True)
+def policy_instrumentation() -> str | None:
+    """Where the policy's configuration asks the instrumentation endpoint
+    (``/healthz``, ``/livez``, ``/metrics``, ``/debug/state``) to serve:
+    ``HOST:PORT``, ``:PORT`` (every interface) or ``[V6]:PORT``, as
+    :func:`nri_framework.instrumentation.parse_address` reads it (balloons:
+    ``instrumentation.httpEndpoint``). Check the address when the
+    configuration is validated: an invalid one never gets here.
+
+    Called after :func:`policy_start` and after every change the host applies
+    (a (re)configuration among them), on the event loop: return the running
+    configuration's value, no work. A changed answer moves the endpoint (the
+    new address bound first, then the old one closed; an address that cannot be
+    bound is logged and the old one keeps serving); ``""`` stops serving.
+    ``nri-resource-policy run --metrics-address`` overrides the answer (an info
+    line says so). Stops at the first non-None result (``None``: no opinion,
+    the endpoint stays as it is).
+    """
+
+
 @hookspec
 def policy_collect_metrics() -> list[MetricFamily] | None:
     """The policy's metrics, on every scrape of ``/metrics``.
@@ -364,6 +384,7 @@ DECISION_HOOKS: frozenset[str] = frozenset(
         "policy_topology_zones",
         "policy_extended_resources",
         "policy_inspect",
+        "policy_instrumentation",
         "policy_peer",
         "nri_configure",
         "nri_synchronize",

@@ -11,7 +11,11 @@ client.
 Address: ``HOST:PORT``; ``:PORT`` listens on every interface, as upstream's
 ``instrumentation.httpEndpoint`` (``":8891"``, the chart's default, where the
 kubelet's probes and Prometheus reach the pod); ``[V6]:PORT`` for IPv6;
-port ``0`` picks a free port (logged).
+port ``0`` picks a free port (logged). ``--metrics-address`` names it, else
+the policy's configuration does (:func:`~nri_framework.hookspecs.policy_instrumentation`,
+balloons' ``instrumentation.httpEndpoint``): a changed answer moves the
+endpoint (the new address bound first, the old one closed; one that cannot
+be bound leaves the old one serving), and ``--metrics-address`` overrides it.
 
 Health (``/healthz``): an NRI plugin is *healthy* when the runtime can hand
 it decisions, that is when all of these hold:
@@ -187,6 +191,12 @@ class Instrumentation:
         is ``None`` until it is done: :meth:`attach` then); its obstacle is
         the reason ``/healthz`` fails.
     :param helper: the watch on the SST helper's socket: unhealthy while it is missing.
+    :param override: ``--metrics-address``: where the endpoint serves whatever the
+        policy's configuration asks (``""``: it follows the configuration, see
+        :meth:`follow_policy`).
+
+    ``address`` may be ``""``: nothing is served until the policy's
+    configuration names an address.
     """
 
     def __init__(
@@ -197,13 +207,18 @@ class Instrumentation:
         *,
         startup: Startup | None = None,
         helper: PeerWatch | None = None,
+        override: str = "",
     ) -> None:
         self.host = host
         self.stub = stub
         self.startup = startup
         self.helper = helper
         self.address = address
-        self.bind = parse_address(address)
+        self.bind = parse_address(address) if address else None
+        self.override = override
+        #: the address the policy's configuration asked for last (acted upon once)
+        self.asked: str | None = None
+        self._moving: asyncio.Task[None] | None = None
         self.started = time.monotonic()
         self.server: asyncio.Server | None = None
         self.registry = CollectorRegistry(auto_describe=False)
@@ -214,16 +229,113 @@ class Instrumentation:
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Listen; raises :class:`OSError` when the address cannot be bound."""
-        host, port = self.bind
-        self.server = await asyncio.start_server(
+        """Listen (nothing without an address); raises :class:`OSError` when
+        the address cannot be bound."""
+        if self.bind is None:
+            return
+        self.server = await self._listen(self.bind)
+        self._announce()
+
+    async def _listen(self, bind: tuple[str | None, int]) -> asyncio.Server:
+        host, port = bind
+        return await asyncio.start_server(
             self._serve, host, port, limit=MAX_REQUEST, reuse_address=True
         )
+
+    def _announce(self) -> None:
         log.info(
             "instrumentation HTTP endpoint listening on %s (%s)",
             ", ".join(self.listening()),
             ", ".join(ROUTES),
         )
+
+    # -- where: --metrics-address, else the policy's configuration -----------------
+
+    def follow_policy(self) -> None:
+        """Serve where the policy's configuration asks
+        (:func:`~nri_framework.hookspecs.policy_instrumentation`): the host's change
+        listener, so it runs after every (re)configuration. Only a changed answer
+        acts; the move runs in a task (latest answer wins), never on the reply path.
+        With :attr:`override` the answer is ignored, said once per answer."""
+        if self.host is None:
+            return
+        try:
+            asked = self.host.hook.policy_instrumentation()
+        except Exception:
+            log.exception("policy_instrumentation failed")
+            return
+        if asked is None or asked == self.asked:
+            return
+        self.asked = asked
+        if self.override:
+            if asked != self.override:
+                log.info(
+                    "instrumentation: the configuration's HTTP endpoint %r is ignored, "
+                    "--metrics-address %s is given",
+                    asked,
+                    self.override,
+                )
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a host driven without an event loop: nothing to serve on
+            return
+        if self._moving is None or self._moving.done():
+            self._moving = loop.create_task(self._follow())
+
+    async def settle(self) -> None:
+        """Until the move :meth:`follow_policy` started (if any) is done."""
+        task = self._moving
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def _follow(self) -> None:
+        while (target := self.asked) is not None and target != self.address:
+            if not await self.move(target) and self.asked == target:
+                return  # logged; the next changed answer tries again
+
+    async def move(self, address: str) -> bool:
+        """Serve on ``address`` instead (``""``: stop serving). The new address is
+        bound before the old one closes; when it cannot be bound the old one keeps
+        serving and False is returned (logged). Only the same port on another
+        host (``:8891`` -> ``127.0.0.1:8891``) closes the old one first, and
+        binds it again if the new one fails."""
+        if address == self.address and (self.server is not None or not address):
+            return True
+        if not address:
+            await self._close_server()
+            self.address, self.bind = "", None
+            log.info("instrumentation HTTP endpoint closed: no address configured")
+            return True
+        try:
+            bind = parse_address(address)
+        except AddressError as exc:
+            log.error("cannot serve instrumentation on %s: %s", address, exc)
+            return False
+        old, was = self.server, self.bind
+        try:
+            server = await self._listen(bind)
+        except OSError as exc:
+            if old is None or was is None or was[1] != bind[1]:
+                log.error("%s", self._not_moved(address, exc))
+                return False
+            await self._close_server()
+            try:
+                server = await self._listen(bind)
+            except OSError as again:
+                log.error("%s", self._not_moved(address, again))
+                with contextlib.suppress(OSError):
+                    self.server = await self._listen(was)
+                return False
+        else:
+            await self._close_server()
+        self.server, self.address, self.bind = server, address, bind
+        self._announce()
+        return True
+
+    def _not_moved(self, address: str, exc: OSError) -> str:
+        where = ", ".join(self.listening()) or "nowhere"
+        return f"cannot serve instrumentation on {address}: {exc}; still serving on {where}"
 
     def listening(self) -> list[str]:
         """``host:port`` of every bound socket (the real port when 0 was asked)."""
@@ -240,11 +352,18 @@ class Instrumentation:
         self.host, self.stub, self.helper = host, stub, helper
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        task, self._moving = self._moving, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait([task], timeout=1.0)
+        await self._close_server()
+
+    async def _close_server(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 1.0)
-            self.server = None
+                await asyncio.wait_for(server.wait_closed(), 1.0)
 
     # -- what is served ------------------------------------------------------------
 
@@ -431,10 +550,11 @@ async def start_instrumentation(
 
     An address that cannot be bound is logged and the plugin goes on without
     the endpoint: pinning containers matters more than being observed (the
-    chart's probes then fail, which shows the problem)."""
+    chart's probes then fail, which shows the problem). ``address`` is
+    ``--metrics-address``: the endpoint stays there (``override``)."""
     if not address:
         return None
-    inst = Instrumentation(host, stub, address, startup=startup)
+    inst = Instrumentation(host, stub, address, startup=startup, override=address)
     try:
         await inst.start()
     except OSError as exc:

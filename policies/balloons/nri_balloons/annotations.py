@@ -38,3 +38,9 @@ def parse_bool(text: str | None) -> bool | None:
     if text in ("0", "f", "F", "FALSE", "false", "False"):
         return False
     return None
+
+
+def memory_preserved(pod: Pod | None, container: Container) -> bool:
+    """Upstream ``PreserveMemoryResources``: ``memory.preserve`` is true for
+    ``container`` (its own ``cpuset.mems`` stay; an invalid value is false)."""
+    return parse_bool(effective(MEMORY_PRESERVE, pod, container)) is True

@@ -41,6 +41,7 @@ from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
 from nri_balloons.configyaml import load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
+from nri_balloons.endpoint import asked_endpoint
 from nri_balloons.extres import extended_resources
 from nri_balloons.features import unimplemented
 from nri_balloons.nrt import zones
@@ -482,6 +483,13 @@ class Balloons:
         from nri_balloons import observe
 
         return observe.metrics(self.policy)
+
+    @hookimpl
+    def policy_instrumentation(self) -> str | None:
+        """The running configuration's ``instrumentation.httpEndpoint``."""
+        if self.policy is None or self.policy.config is None:
+            return None
+        return asked_endpoint(self.policy.config.spec)
 
     @hookimpl
     def policy_inspect(self) -> Any:

@@ -540,16 +540,21 @@ class BalloonsPolicy:
             for m in bln.members.values():
                 hide = opts.hide_hyperthreads
                 pod = pod_of(m.pod_id)
+                keep_mems = False
                 if pod is not None:
-                    forced = ann.parse_bool(
-                        ann.effective(ann.HIDE_HYPERTHREADS, pod, Container(id=m.id, name=m.name))
-                    )
+                    ctr = Container(id=m.id, name=m.name)
+                    forced = ann.parse_bool(ann.effective(ann.HIDE_HYPERTHREADS, pod, ctr))
                     if forced is not None:
                         hide = forced
+                    keep_mems = bool(mems) and ann.memory_preserved(pod, ctr)
                 if hide not in texts:
                     cpus = self.topology.single_thread(pinnable) if hide else pinnable
                     texts[hide] = cpuset.format(cpus)
-                out[m.id] = (texts[hide] if pin_cpu else "", mems_text)
+                if keep_mems:
+                    # upstream PreserveMemoryResources: the container keeps its own
+                    # cpuset.mems; its CPUs are still the balloon's
+                    log.debug("  - preserving %s pinning to memory", m.pretty)
+                out[m.id] = (texts[hide] if pin_cpu else "", "" if keep_mems else mems_text)
         return out
 
     # -- state -----------------------------------------------------------------------

@@ -64,6 +64,7 @@ from nri_balloons.crdschema import (
     PCT_PRIORITIES,
     schema_errors,
 )
+from nri_balloons.endpoint import endpoint_errors
 from nri_balloons.expression import ExpressionError
 from nri_balloons.globmatch import BAD_PATTERN, GlobError, check_pattern, go_match
 from nri_balloons.gofmt import list_v, map_v, quote, quote_list
@@ -483,6 +484,7 @@ def validate(
     v.interrupt_patterns()
     types, reserved_type, default_type, reserved = v.builtin_types(allowed)
     v.validate_config(types)
+    v.errors.extend(endpoint_errors(spec, INVALID))
     result = Validation(errors=v.errors, warnings=v.warnings)
     if result.ok:
         result.prepared = PreparedConfig(

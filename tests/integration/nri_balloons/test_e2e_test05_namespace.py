@@ -1,11 +1,13 @@
 """Upstream e2e balloons/n4c16/test05-namespace: ``preferPerNamespaceBalloon``
 with ``namespaces: ["*"]``, minCPUs 2 / maxCPUs 4: one balloon per namespace,
 a fallback to balanced filling when CPUs run out, and the preserve
-annotations leaving a container unpinned."""
+annotations leaving a container unpinned (``cpu.preserve``) or on its own
+memory nodes (``memory.preserve``, also through a resource update)."""
 
 from __future__ import annotations
 
 from balloons_e2e import disjoint, node
+from nri_framework.model import CpuResources, Resources
 
 TEST = "test05-namespace"
 
@@ -58,3 +60,18 @@ async def test_namespace() -> None:
         await n.plugin.wait_output(
             "not handling resources of container e2e-d/pod7/pod7c1, preserving CPUs"
         )
+        # memory.preserve for the whole pod: pod7c0 and pod7c2 run on their
+        # balloon's CPUs but keep their own mems (the runtime's: every node),
+        # where pod6c0 in the same balloon is pinned to the balloon's nodes
+        every_node = set(range(4))
+        assert n.cpus("pod7c2") == n.cpus("pod7c0")
+        assert n.mems("pod6c0") < every_node
+        assert n.mems("pod7c0") == n.mems("pod7c1") == n.mems("pod7c2") == every_node
+        # the kubelet updates pod7c0's resources: the plugin re-asserts its
+        # CPUs and leaves its mems alone
+        cpus = n.cpus("pod7c0")
+        await n.rt.update_container(
+            n.ids["pod7c0"][1], Resources(cpu=CpuResources(shares=204, quota=20_000))
+        )
+        assert n.cpus("pod7c0") == cpus
+        assert n.mems("pod7c0") == every_node

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +269,170 @@ async def test_unbindable_address_is_logged_not_fatal(
     finally:
         await first.close()
     assert await start_instrumentation(host, None, "") is None
+
+
+# --- where it serves: the configuration moves it, --metrics-address overrides ----
+
+
+class Configured(Pinner):
+    """The pinner with an endpoint in its configuration (``None``: no opinion)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.endpoint: str | None = None
+        self.fail = False
+
+    @hookimpl
+    def policy_instrumentation(self) -> str | None:
+        if self.fail:
+            raise RuntimeError("boom")
+        return self.endpoint
+
+
+@contextmanager
+def held(host: str = "127.0.0.1", port: int = 0) -> Iterator[int]:
+    """A listening socket nobody else may bind to; yields its port."""
+    with socket.socket() as sock:
+        sock.bind((host, port))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def free_port() -> int:
+    with held() as port:
+        return port
+
+
+async def answers(port: int) -> bool:
+    """``/livez`` answers on ``127.0.0.1:port``."""
+    try:
+        status, _, body = await get(port, "/livez")
+    except OSError:
+        return False
+    return (status, body) == (200, b"ok\n")
+
+
+@pytest.fixture
+def policy() -> Configured:
+    return Configured()
+
+
+@pytest.fixture
+def configured(tmp_path: Path, policy: Configured) -> PolicyHost:
+    return PolicyHost("pinner", policy, host_root=sysfs(tmp_path))
+
+
+async def follow(inst: Instrumentation, policy: Configured, endpoint: str | None) -> None:
+    policy.endpoint = endpoint
+    inst.follow_policy()
+    await inst.settle()
+
+
+async def test_the_configuration_moves_the_endpoint(
+    configured: PolicyHost, policy: Configured, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
+    inst = Instrumentation(configured, None, "")
+    first, second = free_port(), free_port()
+    try:
+        await follow(inst, policy, None)  # no opinion: nothing served
+        assert inst.server is None
+        await follow(inst, policy, f"127.0.0.1:{first}")
+        assert await answers(first)
+        await follow(inst, policy, f"127.0.0.1:{second}")
+        assert await answers(second)
+        assert not await answers(first)  # the old one is closed
+        assert inst.listening() == [f"127.0.0.1:{second}"]
+        await follow(inst, policy, "")  # the configuration names none: not served
+        assert not await answers(second)
+        assert "instrumentation HTTP endpoint closed" in caplog.text
+    finally:
+        await inst.close()
+
+
+async def test_an_unbindable_address_leaves_the_old_one_serving(
+    configured: PolicyHost, policy: Configured, caplog: pytest.LogCaptureFixture
+) -> None:
+    inst = Instrumentation(configured, None, "")
+    first = free_port()
+    try:
+        await follow(inst, policy, f"127.0.0.1:{first}")
+        with held() as taken:
+            await follow(inst, policy, f"127.0.0.1:{taken}")
+            assert await answers(first)
+            assert f"cannot serve instrumentation on 127.0.0.1:{taken}" in caplog.text
+            assert f"still serving on 127.0.0.1:{first}" in caplog.text
+        # the same answer again does not retry (no log flood on every change) ...
+        caplog.clear()
+        inst.follow_policy()
+        await inst.settle()
+        assert "cannot serve" not in caplog.text and await answers(first)
+        # ... a changed one does
+        third = free_port()
+        await follow(inst, policy, f"127.0.0.1:{third}")
+        assert await answers(third) and not await answers(first)
+        # an answer that is no address (the policy's validation missed it)
+        await follow(inst, policy, "nonsense")
+        assert await answers(third)
+        assert "cannot serve instrumentation on nonsense: invalid address" in caplog.text
+        # a failing hook is logged, the endpoint stays
+        policy.fail = True
+        inst.follow_policy()
+        assert "policy_instrumentation failed" in caplog.text and await answers(third)
+    finally:
+        await inst.close()
+
+
+async def test_the_same_port_on_another_host(configured: PolicyHost, policy: Configured) -> None:
+    """``0.0.0.0:P`` -> ``127.0.0.1:P`` cannot bind before the old one closes:
+    the old one closes first; when the new one still fails, the old one is
+    bound again."""
+    inst = Instrumentation(configured, None, "")
+    port = free_port()
+    try:
+        await follow(inst, policy, f"0.0.0.0:{port}")
+        await follow(inst, policy, f"127.0.0.1:{port}")
+        assert inst.listening() == [f"127.0.0.1:{port}"] and await answers(port)
+        with held("127.0.0.2", port):  # takes the port on another loopback address
+            await follow(inst, policy, f"0.0.0.0:{port}")
+            assert inst.listening() == [f"127.0.0.1:{port}"] and await answers(port)
+    finally:
+        await inst.close()
+
+
+async def test_metrics_address_overrides_the_configuration(
+    configured: PolicyHost, policy: Configured, caplog: pytest.LogCaptureFixture
+) -> None:
+    fixed, asked = free_port(), free_port()
+    inst = Instrumentation(configured, None, f"127.0.0.1:{fixed}", override=f"127.0.0.1:{fixed}")
+    await inst.start()
+    try:
+        with caplog.at_level("INFO"):
+            await follow(inst, policy, f"127.0.0.1:{asked}")
+            await follow(inst, policy, f"127.0.0.1:{asked}")
+        assert await answers(fixed) and not await answers(asked)
+        said = f"the configuration's HTTP endpoint '127.0.0.1:{asked}' is ignored"
+        assert caplog.text.count(said) == 1  # once per answer
+        assert f"--metrics-address 127.0.0.1:{fixed} is given" in caplog.text
+    finally:
+        await inst.close()
+
+
+async def test_the_host_listener_follows_each_change(
+    configured: PolicyHost, policy: Configured
+) -> None:
+    """What ``run`` wires: the host's change listener (called after every
+    (re)configuration) moves the endpoint."""
+    inst = Instrumentation(configured, None, "")
+    configured.add_listener(inst.follow_policy)
+    port = free_port()
+    try:
+        policy.endpoint = f"127.0.0.1:{port}"
+        configured.changed()
+        await inst.settle()
+        assert await answers(port)
+    finally:
+        await inst.close()
 
 
 # --- inspect: tables from the data -------------------------------------------------
