@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+from balloons_e2e import http_get
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_framework.simulate.sysfs import write_topology
-from test_observe import balloon_samples, http_get
+from test_observe import balloon_samples
 
 CONFIG = """
 reservedResources: {cpu: "cpuset:0"}
