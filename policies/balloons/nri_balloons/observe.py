@@ -38,9 +38,10 @@ the interval since that consumer's previous reading:
 * ``nri_policy_balloons_busy_interval_seconds``: the interval those cover.
 
 ``source`` is the helper's backend: ``source="sim"`` marks figures the SST
-helper's model computed (simulated), not hardware. Without two good
-readings from the same helper process (no helper, a dead or slow one, the
-first scrape) the families are absent. ``inspect`` gets the same as a
+helper's model computed (simulated), not hardware. The busy families need
+two good readings from the same helper process, the CLOS ones the last
+reading: without them (no helper, a dead, slow or refusing one, the first
+scrape) they are absent. ``inspect`` gets the same as a
 ``busy_mhz`` column of ``balloons``, ``clos0_mhz``..``clos3_mhz``
 (``min-max``) and ``cp_enabled`` columns of ``punits``, ``frequency_source``
 and, when simulated, ``simulated_columns`` naming those columns.
@@ -170,11 +171,11 @@ def busy_metrics(policy: BalloonsPolicy, interval: Interval) -> list[MetricFamil
     """The frequency families of one interval (none when it has no figures)."""
     after = interval.after
     seconds = interval.seconds
-    if after is None or seconds is None:
+    if after is None:
         return []
     source = after.backend or "unknown"
     busy = []
-    for bln in policy.balloons:
+    for bln in policy.balloons if seconds is not None else ():
         mhz = interval.busy_mhz(cpuset.ids(bln.cpus))
         if mhz is not None:
             values = (bln.name, bln.bdef.name, cpuset.format(bln.cpus), source)
@@ -186,7 +187,7 @@ def busy_metrics(policy: BalloonsPolicy, interval: Interval) -> list[MetricFamil
             lows.append((labels, cl.min_khz / 1000))
             highs.append((labels, cl.max_khz / 1000))
     out = []
-    if busy:
+    if busy and seconds is not None:
         out.append(MetricFamily("balloons_busy", "Busy MHz", BUSY_LABELS, busy, unit="mhz"))
         out.append(
             MetricFamily(
