@@ -137,6 +137,8 @@ class BusyFrequency:
         self.timeout = timeout
         self.intervals: dict[str, Interval] = {c: Interval() for c in CONSUMERS}
         self._lock = asyncio.Lock()
+        self._reading: dict[str, asyncio.Task[None]] = {}
+        """the reading in flight for each consumer: concurrent scrapes share it"""
 
     def interval(self, consumer: str) -> Interval:
         return self.intervals.get(consumer, Interval())
@@ -145,7 +147,17 @@ class BusyFrequency:
         """One ReadFrequency of ``cpus`` (with the CLOS bounds) for ``consumer``,
         at most :attr:`timeout` seconds in all; on any failure the consumer's
         figures are absent until its next good reading (logged at debug level:
-        a scrape every few seconds must not flood the log)."""
+        a scrape every few seconds must not flood the log). A scrape that
+        comes while the consumer's reading is in flight waits for that one
+        (a flood of scrapes is never a flood of requests to the helper); a
+        cancelled scrape leaves it running to its own bound."""
+        task = self._reading.get(consumer)
+        if task is None or task.done():
+            task = asyncio.ensure_future(self._read(consumer, writer, cpus))
+            self._reading[consumer] = task
+        await asyncio.shield(task)
+
+    async def _read(self, consumer: str, writer: Writer, cpus: list[int]) -> None:
         last = self.interval(consumer)
         previous = last.after or last.before
         self.intervals[consumer] = Interval(previous, None)

@@ -157,3 +157,21 @@ async def test_a_failed_reading_keeps_the_last_good_one_as_the_baseline() -> Non
     assert busy.interval("metrics").busy_mhz([0]) is None
     await busy.refresh("metrics", AnsweringWriter(good[1:]), [0])  # type: ignore[arg-type]
     assert busy.interval("metrics").busy_mhz([0]) == pytest.approx(2 * TSC)
+
+
+async def test_concurrent_scrapes_share_one_reading() -> None:
+    gate = asyncio.Event()
+
+    class GatedWriter(AnsweringWriter):
+        async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply:
+            await gate.wait()
+            return await super().request_async(request, timeout)
+
+    reply = m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0)])
+    writer = GatedWriter([reply, reply])
+    busy = BusyFrequency()
+    scrapes = [asyncio.create_task(busy.refresh("metrics", writer, [0])) for _ in range(50)]  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*scrapes), 5)
+    assert len(writer.asked) == 1 and busy.interval("metrics").after is not None
