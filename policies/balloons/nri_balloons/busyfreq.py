@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 from nri_sst import messages as m
 
-from nri_balloons.sstlink import Writer, WriteRefused, WriterUnavailable
+from nri_balloons.sstlink import HelperWriter, Writer, WriteRefused, WriterUnavailable
 
 log = logging.getLogger("cpuclass")
 
@@ -128,13 +128,21 @@ class Interval(msgspec.Struct, frozen=True):
 
 
 class BusyFrequency:
-    """The readings of each consumer; :meth:`refresh` takes one."""
+    """The readings of each consumer; :meth:`refresh` takes one, over a helper
+    session of its own (``connect(endpoint)``, a :class:`HelperWriter`): a
+    scrape never waits behind the background's SST programming, nor does a
+    scrape's timeout touch that session."""
 
     def __init__(
-        self, clock: Callable[[], float] = time.monotonic, timeout: float = READ_TIMEOUT
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        timeout: float = READ_TIMEOUT,
+        connect: Callable[[str], Writer] = HelperWriter,
     ) -> None:
         self.clock = clock
         self.timeout = timeout
+        self.connect = connect
+        self._writer: Writer | None = None
         self.intervals: dict[str, Interval] = {c: Interval() for c in CONSUMERS}
         self._lock = asyncio.Lock()
         self._reading: dict[str, asyncio.Task[None]] = {}
@@ -143,7 +151,19 @@ class BusyFrequency:
     def interval(self, consumer: str) -> Interval:
         return self.intervals.get(consumer, Interval())
 
-    async def refresh(self, consumer: str, writer: Writer, cpus: list[int]) -> None:
+    def writer(self, endpoint: str) -> Writer:
+        """The session to the helper at ``endpoint`` (a new one when it changed)."""
+        if self._writer is None or self._writer.endpoint != endpoint:
+            self.close()
+            self._writer = self.connect(endpoint)
+        return self._writer
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = None
+
+    async def refresh(self, consumer: str, endpoint: str, cpus: list[int]) -> None:
         """One ReadFrequency of ``cpus`` (with the CLOS bounds) for ``consumer``,
         at most :attr:`timeout` seconds in all; on any failure the consumer's
         figures are absent until its next good reading (logged at debug level:
@@ -153,16 +173,17 @@ class BusyFrequency:
         cancelled scrape leaves it running to its own bound."""
         task = self._reading.get(consumer)
         if task is None or task.done():
-            task = asyncio.ensure_future(self._read(consumer, writer, cpus))
+            task = asyncio.ensure_future(self._read(consumer, endpoint, cpus))
             self._reading[consumer] = task
         await asyncio.shield(task)
 
-    async def _read(self, consumer: str, writer: Writer, cpus: list[int]) -> None:
+    async def _read(self, consumer: str, endpoint: str, cpus: list[int]) -> None:
         last = self.interval(consumer)
         previous = last.after or last.before
         self.intervals[consumer] = Interval(previous, None)
-        if not writer.endpoint or not cpus:
+        if not endpoint or not cpus:
             return
+        writer = self.writer(endpoint)
         try:
             async with asyncio.timeout(self.timeout):
                 async with self._lock:

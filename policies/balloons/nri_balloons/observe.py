@@ -161,10 +161,10 @@ def before_scrape(
     consumer = SCRAPE_CONSUMERS.get(path)
     if policy is None or policy.config is None or consumer is None:
         return None
-    writer = policy.cpu_classes.writer
-    if not writer.endpoint:
+    endpoint = policy.cpu_classes.writer.endpoint
+    if not endpoint:
         return None
-    return busy.refresh(consumer, writer, balloon_cpus(policy))
+    return busy.refresh(consumer, endpoint, balloon_cpus(policy))
 
 
 def busy_metrics(policy: BalloonsPolicy, interval: Interval) -> list[MetricFamily]:

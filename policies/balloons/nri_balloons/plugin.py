@@ -459,6 +459,7 @@ class Balloons:
         self.probe = None
         if self.policy is not None:
             self.policy.cpu_classes.close()
+        self.frequencies.close()
 
     @hookimpl
     def policy_export_state(self) -> Any:

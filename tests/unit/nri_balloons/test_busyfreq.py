@@ -13,6 +13,7 @@ from nri_balloons.busyfreq import BadReading, BusyFrequency, Reading, busy_mhz, 
 from nri_sst import messages as m
 
 TSC = 2300
+ENDPOINT = "ipc:///nowhere"  # the stand-in writers below never connect
 
 
 def reading(counters: dict[int, tuple[int, int, int]], at: float = 0.0, instance: str = "a"):
@@ -91,8 +92,11 @@ class StalledWriter:
     """A stand-in for a helper that accepted the request and never answers
     (ours, small: the integration tests stop a real helper with SIGSTOP)."""
 
-    endpoint = "ipc:///nowhere"
+    endpoint = ENDPOINT
     instance = "a"
+
+    def close(self) -> None:
+        pass
 
     async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         await asyncio.Event().wait()
@@ -102,12 +106,15 @@ class StalledWriter:
 class AnsweringWriter:
     """A stand-in answering from a list of replies (ours, small)."""
 
-    endpoint = "ipc:///nowhere"
+    endpoint = ENDPOINT
     instance = "a"
 
     def __init__(self, replies: list[m.Reply]) -> None:
         self.replies = replies
         self.asked: list[m.Request] = []
+
+    def close(self) -> None:
+        pass
 
     async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         self.asked.append(request)
@@ -115,14 +122,13 @@ class AnsweringWriter:
 
 
 async def test_a_helper_that_does_not_answer_leaves_no_figure_within_the_timeout() -> None:
-    busy = BusyFrequency(timeout=0.05)
-    await asyncio.wait_for(busy.refresh("metrics", StalledWriter(), [0]), 5)  # type: ignore[arg-type]
+    busy = BusyFrequency(timeout=0.05, connect=lambda _: StalledWriter())  # type: ignore[arg-type,return-value]
+    await asyncio.wait_for(busy.refresh("metrics", ENDPOINT, [0]), 5)
     assert busy.interval("metrics").after is None
 
 
 async def test_one_request_per_refresh_for_every_cpu_and_intervals_per_consumer() -> None:
     ticks = iter([1.0, 3.0, 4.0])
-    busy = BusyFrequency(clock=lambda: next(ticks))
     replies: list[m.Reply] = [
         m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0, 0, 0, 0), sample(1, 0, 0, 0)]),
         m.ReadFrequencyReply(
@@ -133,10 +139,11 @@ async def test_one_request_per_refresh_for_every_cpu_and_intervals_per_consumer(
         ),
     ]
     writer = AnsweringWriter(replies)
-    await busy.refresh("metrics", writer, [0, 1])  # type: ignore[arg-type]
+    busy = BusyFrequency(clock=lambda: next(ticks), connect=lambda _: writer)  # type: ignore[arg-type,return-value]
+    await busy.refresh("metrics", ENDPOINT, [0, 1])
     assert busy.interval("metrics").busy_mhz([0]) is None  # one reading: no figure yet
-    await busy.refresh("metrics", writer, [0, 1])  # type: ignore[arg-type]
-    await busy.refresh("inspect", writer, [0, 1])  # type: ignore[arg-type]
+    await busy.refresh("metrics", ENDPOINT, [0, 1])
+    await busy.refresh("inspect", ENDPOINT, [0, 1])
     assert writer.asked == [m.ReadFrequency(cpus=[0, 1], clos=True)] * 3
     metrics = busy.interval("metrics")
     assert metrics.seconds == 2.0 and metrics.busy_mhz([0]) == pytest.approx(2 * TSC)
@@ -146,16 +153,18 @@ async def test_one_request_per_refresh_for_every_cpu_and_intervals_per_consumer(
 
 
 async def test_a_failed_reading_keeps_the_last_good_one_as_the_baseline() -> None:
-    busy = BusyFrequency()
-    good = [
-        m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0, 0, 0, 0)]),
-        m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0, 2_000, 1_000, 1_000)]),
-    ]
-    await busy.refresh("metrics", AnsweringWriter(good[:1]), [0])  # type: ignore[arg-type]
-    bad = AnsweringWriter([m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(9)])])
-    await busy.refresh("metrics", bad, [0])  # type: ignore[arg-type]
+    writer = AnsweringWriter(
+        [
+            m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0, 0, 0, 0)]),
+            m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(9)]),  # not asked: refused
+            m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0, 2_000, 1_000, 1_000)]),
+        ]
+    )
+    busy = BusyFrequency(connect=lambda _: writer)  # type: ignore[arg-type,return-value]
+    await busy.refresh("metrics", ENDPOINT, [0])
+    await busy.refresh("metrics", ENDPOINT, [0])
     assert busy.interval("metrics").busy_mhz([0]) is None
-    await busy.refresh("metrics", AnsweringWriter(good[1:]), [0])  # type: ignore[arg-type]
+    await busy.refresh("metrics", ENDPOINT, [0])
     assert busy.interval("metrics").busy_mhz([0]) == pytest.approx(2 * TSC)
 
 
@@ -169,9 +178,24 @@ async def test_concurrent_scrapes_share_one_reading() -> None:
 
     reply = m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0)])
     writer = GatedWriter([reply, reply])
-    busy = BusyFrequency()
-    scrapes = [asyncio.create_task(busy.refresh("metrics", writer, [0])) for _ in range(50)]  # type: ignore[arg-type]
+    busy = BusyFrequency(connect=lambda _: writer)  # type: ignore[arg-type,return-value]
+    scrapes = [asyncio.create_task(busy.refresh("metrics", ENDPOINT, [0])) for _ in range(50)]
     await asyncio.sleep(0)
     gate.set()
     await asyncio.wait_for(asyncio.gather(*scrapes), 5)
     assert len(writer.asked) == 1 and busy.interval("metrics").after is not None
+
+
+async def test_a_session_of_its_own_per_endpoint() -> None:
+    made: list[AnsweringWriter] = []
+
+    def connect(endpoint: str) -> AnsweringWriter:
+        w = AnsweringWriter([m.ReadFrequencyReply(tsc_mhz=TSC, samples=[sample(0)])])
+        w.endpoint = endpoint
+        made.append(w)
+        return w
+
+    busy = BusyFrequency(connect=connect)  # type: ignore[arg-type]
+    await busy.refresh("metrics", "ipc:///a", [0])
+    await busy.refresh("metrics", "ipc:///b", [0])  # a reconfigured --sst-helper
+    assert [w.endpoint for w in made] == ["ipc:///a", "ipc:///b"]
