@@ -43,6 +43,10 @@ asks for it) of the process (``process_*``, ``python_*``), of the host
 :func:`~nri_framework.hookspecs.policy_collect_metrics` returns, each family
 named ``nri_policy_<name>[_<unit>]`` (upstream's ``policy`` provider with the
 ``nri`` namespace: the balloons gauge is ``nri_policy_balloons_cores``).
+Before ``/metrics`` and ``/debug/state`` collect, the scrape awaits what
+:func:`~nri_framework.hookspecs.policy_before_scrape` returns (a policy's
+reading of a peer), :data:`SCRAPE_WAIT` seconds at most, NRI requests served
+meanwhile.
 
 ``/debug/state``: JSON for ``nri-resource-policy inspect``: the plugin, the
 runtime, the health, the cached containers with their cpusets, and under
