@@ -40,6 +40,7 @@ from nri_framework.model import Event
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Awaitable
 
     from nri_framework.contract import Host, MetricFamily, Peer
     from nri_framework.model import (
@@ -226,6 +227,21 @@ def policy_collect_metrics() -> list[MetricFamily] | None:
     ``prometheus_client``). Every implementation is called; ``None`` or
     ``[]`` contributes nothing. A family whose samples come and go (one per
     balloon) is simply built anew on each call.
+    """
+
+
+@hookspec
+def policy_before_scrape(path: str) -> Awaitable[None] | None:
+    """A request of ``path`` (``/metrics`` or ``/debug/state``) is about to
+    call :func:`policy_collect_metrics` or :func:`policy_inspect`.
+
+    Return an awaitable that reads what the scrape shows from a peer (one
+    reading per scrape, such as the SST helper's frequency counters), or
+    ``None``. The host awaits every one together on the event loop (NRI
+    requests are served meanwhile), at most
+    :data:`~nri_framework.instrumentation.SCRAPE_WAIT` seconds, then cancels
+    what is left and answers with what the policy has; a failing awaitable is
+    logged. Every implementation is called.
     """
 
 

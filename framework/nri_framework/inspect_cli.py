@@ -9,7 +9,10 @@ what the policy says of each (the balloon), and the CPUs.
 The tables are data-driven: a list of dicts under the policy's state is a
 table, its columns the keys of the rows. A column that no row has is not
 printed, so a PCT column (``clos`` per CPU, ``punit`` per balloon) appears
-exactly when the policy reports it.
+exactly when the policy reports it. The columns the policy names in
+``simulated_columns`` (figures a model computed, such as the SST helper's
+``sim`` backend) are headed ``NAME(SIM)``, and its ``frequency_source`` line
+says ``(simulated)``.
 
     nri-resource-policy inspect [--address HOST:PORT] [--json]
 """
@@ -21,7 +24,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from nri_framework.instrumentation import DEFAULT_PORT, AddressError, parse_address
@@ -76,10 +79,13 @@ def columns(rows: Sequence[Mapping[str, Any]], first: Sequence[str] = ()) -> lis
     return head + [k for k in rest if not seen[k]] + [k for k in rest if seen[k]]
 
 
-def table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> list[str]:
-    """Aligned text lines: a header of the upper-cased column names, then the rows."""
+def table(
+    rows: Sequence[Mapping[str, Any]], cols: Sequence[str], simulated: Collection[str] = ()
+) -> list[str]:
+    """Aligned text lines: a header of the upper-cased column names (``(SIM)``
+    after the ``simulated`` ones), then the rows."""
     cells = [[cell(row.get(c)) for c in cols] for row in rows]
-    heads = [c.upper().replace("_", "-") for c in cols]
+    heads = [c.upper().replace("_", "-") + ("(SIM)" if c in simulated else "") for c in cols]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(heads)]
 
     def line(values: Sequence[str]) -> str:
@@ -121,9 +127,12 @@ def render(state: Mapping[str, Any]) -> str:
         "health: " + ("ok" if health.get("ok") else f"NOT OK: {health.get('reason', 'unknown')}"),
     ]
     policy = state.get("policy") or {}
+    marked = policy.get("simulated_columns")
+    simulated = {c for c in marked if isinstance(c, str)} if isinstance(marked, list) else set()
     for key, value in policy.items():
         if not isinstance(value, list | dict) and key != "error":
-            out.append(f"{key.replace('_', ' ')}: {cell(value)}")
+            sim = " (simulated)" if key == "frequency_source" and simulated else ""
+            out.append(f"{key.replace('_', ' ')}: {cell(value)}{sim}")
     if policy.get("error"):
         out.append(f"policy error: {policy['error']}")
     sections = [k for k in SECTION_ORDER if k in policy or k == "containers"]
@@ -140,7 +149,7 @@ def render(state: Mapping[str, Any]) -> str:
         out.append("")
         out.append(f"{key.upper().replace('_', ' ')} ({len(rows)})")
         if rows:
-            out.extend(table(rows, columns(rows, first)))
+            out.extend(table(rows, columns(rows, first), simulated))
     return "\n".join(out) + "\n"
 
 

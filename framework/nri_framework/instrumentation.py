@@ -47,6 +47,10 @@ asks for it) of the process (``process_*``, ``python_*``), of the host
 :func:`~nri_framework.hookspecs.policy_collect_metrics` returns, each family
 named ``nri_policy_<name>[_<unit>]`` (upstream's ``policy`` provider with the
 ``nri`` namespace: the balloons gauge is ``nri_policy_balloons_cores``).
+Before ``/metrics`` and ``/debug/state`` collect, the scrape awaits what
+:func:`~nri_framework.hookspecs.policy_before_scrape` returns (a policy's
+reading of a peer), :data:`SCRAPE_WAIT` seconds at most, NRI requests served
+meanwhile.
 
 ``/debug/state``: JSON for ``nri-resource-policy inspect``: the plugin, the
 runtime, the health, the cached containers with their cpusets, and under
@@ -90,6 +94,9 @@ MAX_REQUEST = 8192
 READ_TIMEOUT = 5.0
 """Seconds a client has to send its request."""
 ROUTES = ("/healthz", "/livez", "/metrics", "/debug/state")
+SCRAPE_WAIT = 1.0
+"""Seconds a scrape waits for the policy's :func:`~nri_framework.hookspecs.policy_before_scrape`."""
+SCRAPED = ("/metrics", "/debug/state")
 
 
 class AddressError(ValueError):
@@ -463,6 +470,28 @@ class Instrumentation:
             "extended_resources": extended,
         }
 
+    async def before_scrape(self, method: str, target: str) -> None:
+        """Await the policy's readings for a scrape of ``target`` (bounded)."""
+        path = urlsplit(target).path
+        if self.host is None or method not in ("GET", "HEAD") or path not in SCRAPED:
+            return
+        try:
+            waits = [w for w in self.host.hook.policy_before_scrape(path=path) if w is not None]
+        except Exception:
+            log.exception("policy_before_scrape failed")
+            return
+        if not waits:
+            return
+        tasks = [asyncio.ensure_future(w) for w in waits]
+        done, pending = await asyncio.wait(tasks, timeout=SCRAPE_WAIT)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("policy_before_scrape %s failed: %r", path, task.exception())
+        if pending:
+            log.warning("policy_before_scrape %s: unfinished after %.1f s", path, SCRAPE_WAIT)
+
     def respond(self, method: str, target: str, accept: str = "") -> Response:
         """The answer to one request (no I/O: what the connection handler sends)."""
         if method not in ("GET", "HEAD"):
@@ -498,6 +527,7 @@ class Instrumentation:
                 resp = _plain(400, "bad request")
             else:
                 try:
+                    await self.before_scrape(method, target)
                     resp = self.respond(method, target, accept)
                 except Exception as exc:
                     log.exception("instrumentation: %s %s failed", method, target)

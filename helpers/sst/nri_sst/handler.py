@@ -207,7 +207,7 @@ class RequestHandler:
             return m.SetUncoreReply(package=req.package, die=req.die), False
         if isinstance(req, m.ReadFrequency):
             cpus = validate.cpus(mc, req.cpus)
-            return self.read_frequency(cpus), False
+            return self.read_frequency(cpus, req.clos), False
         raise m.HelperError("unknown-message", f"unhandled request {type(req).__name__}")
 
     # ------------------------------------------------------------------ operations
@@ -252,7 +252,7 @@ class RequestHandler:
         self.managed = False
         log.info("sst: teardown done (CPReset, TFDisable, CPDisable on every package)")
 
-    def read_frequency(self, cpus: list[int]) -> m.ReadFrequencyReply:
+    def read_frequency(self, cpus: list[int], clos: bool = False) -> m.ReadFrequencyReply:
         b = self.backend
         if not b.supported:
             raise m.HelperError("not-supported", "SST not supported: no APERF/MPERF access")
@@ -270,7 +270,10 @@ class RequestHandler:
                 )
             except OSError as exc:
                 raise m.HelperError("hardware-error", f"MSR read on cpu {cpu}: {exc}") from None
-        return m.ReadFrequencyReply(tsc_mhz=b.tsc_mhz(), samples=samples)
+        punits = self.platform.clos_bounds() if clos and self.platform.supported else []
+        return m.ReadFrequencyReply(
+            tsc_mhz=b.tsc_mhz(), samples=samples, backend=b.name, punits=punits
+        )
 
 
 def bzy_mhz(before: m.FrequencySample, after: m.FrequencySample, tsc_mhz: int) -> float:

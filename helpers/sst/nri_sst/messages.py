@@ -146,6 +146,15 @@ class FrequencySample(msgspec.Struct, frozen=True):
     tsc: int
 
 
+class PunitClos(msgspec.Struct, frozen=True):
+    """The CLOS bounds of one punit as the hardware holds them (ReadFrequency)."""
+
+    package: int
+    punit: int
+    cp_enabled: bool
+    clos: list[ClosConfig]
+
+
 class PunitTF(msgspec.Struct, frozen=True):
     package: int
     punit: int
@@ -239,7 +248,11 @@ class SetUncore(_Msg, frozen=True, tag="set-uncore"):
 
 
 class ReadFrequency(_Msg, frozen=True, tag="read-frequency"):
+    """APERF/MPERF/TSC of ``cpus``; with ``clos`` also every punit's CLOS
+    bounds (:class:`PunitClos`), in the same reply (one request per scrape)."""
+
     cpus: list[int]
+    clos: bool = False
 
 
 Request = (
@@ -342,6 +355,11 @@ class SetUncoreReply(_Msg, frozen=True, tag="set-uncore-reply"):
 class ReadFrequencyReply(_Msg, frozen=True, tag="read-frequency-reply"):
     tsc_mhz: int
     samples: list[FrequencySample]
+    backend: str = ""
+    """The backend that read the counters (``sim``: the figures are simulated)."""
+    punits: list[PunitClos] = []
+    """Every punit's CLOS bounds when the request asked for ``clos`` (and SST-CP
+    is supported), else empty."""
 
 
 class ErrorReply(_Msg, frozen=True, tag="error"):

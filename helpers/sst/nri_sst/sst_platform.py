@@ -187,6 +187,18 @@ class SstPlatform:
             )
         return out
 
+    def clos_bounds(self) -> list[m.PunitClos]:
+        """Every punit's CLOS 0..3 as the hardware holds them (empty without SST-CP)."""
+        out = []
+        for (pkg, pd), pu in sorted(self.punits.items()):
+            with hardware(f"CORE_POWER_STATE pkg {pkg} punit {pd}"):
+                cp = self.backend.core_power_get(pkg, pd)
+            if not cp.supported:
+                continue
+            clos = [self.clos_config(pu, c) for c in range(m.CLOS_COUNT)]
+            out.append(m.PunitClos(package=pkg, punit=pd, cp_enabled=cp.enable, clos=clos))
+        return out
+
     # ------------------------------------------------------------------ §3 sequences
 
     def cp_reset(self, pkg: int) -> None:

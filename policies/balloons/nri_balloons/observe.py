@@ -22,10 +22,34 @@ CLOS is not known for sure has no ``clos`` key, so without PCT the columns are
 absent. ``clos`` is what the helper did: SST associates whole cores, so a CPU's
 ``clos`` is its core's, which may differ from what its ``class`` asks for when
 two classes share a core (the plugin logs how it resolved it).
+
+Frequencies without privileged pods (:mod:`nri_balloons.busyfreq`): with
+``--sst-helper``, each scrape first takes one ``ReadFrequency`` of every
+balloon CPU, CLOS bounds included (:func:`before_scrape`), and shows, for
+the interval since that consumer's previous reading:
+
+* ``nri_policy_balloons_busy_mhz`` (help ``Busy MHz``), one sample per
+  top-level balloon with at least one busy CPU: turbostat's ``Bzy_MHz`` of its
+  CPUs (``TSC_MHz * ΣΔAPERF / ΣΔMPERF``), labels ``balloon``,
+  ``balloon_type``, ``cpus``, ``source``;
+* ``nri_policy_balloons_clos_min_mhz`` and ``nri_policy_balloons_clos_max_mhz``
+  (help ``CLOS min/max MHz``), one sample per punit and CLOS 0..3 as the
+  hardware holds them, labels ``package``, ``punit``, ``clos``, ``source``;
+* ``nri_policy_balloons_busy_interval_seconds``: the interval those cover.
+
+``source`` is the helper's backend: ``source="sim"`` marks figures the SST
+helper's model computed (simulated), not hardware. The busy families need
+two good readings from the same helper process, the CLOS ones the last
+reading: without them (no helper, a dead, slow or refusing one, the first
+scrape) they are absent. ``inspect`` gets the same as a
+``busy_mhz`` column of ``balloons``, ``clos0_mhz``..``clos3_mhz``
+(``min-max``) and ``cp_enabled`` columns of ``punits``, ``frequency_source``
+and, when simulated, ``simulated_columns`` naming those columns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from nri_framework import cpuset
@@ -33,6 +57,7 @@ from nri_framework.contract import MetricFamily
 from nri_framework.topology import TreeNode
 
 from nri_balloons.balloon import Balloon
+from nri_balloons.busyfreq import BusyFrequency, Interval
 
 if TYPE_CHECKING:
     from nri_balloons.policy import BalloonsPolicy
@@ -114,14 +139,84 @@ def balloon_sample(policy: BalloonsPolicy, bln: Balloon) -> tuple[str, ...]:
     return tuple(values[label] for label in BALLOON_LABELS)
 
 
-def metrics(policy: BalloonsPolicy | None) -> list[MetricFamily]:
-    """The ``balloons`` gauge; no family before the policy has a configuration."""
+BUSY_LABELS = ("balloon", "balloon_type", "cpus", "source")
+"""Labels of ``nri_policy_balloons_busy_mhz``."""
+CLOS_LABELS = ("package", "punit", "clos", "source")
+"""Labels of ``nri_policy_balloons_clos_{min,max}_mhz``."""
+SCRAPE_CONSUMERS = {"/metrics": "metrics", "/debug/state": "inspect"}
+
+
+def balloon_cpus(policy: BalloonsPolicy) -> list[int]:
+    """Every CPU of a top-level balloon: what one scrape's reading covers."""
+    cpus = 0
+    for bln in policy.balloons:
+        cpus |= bln.cpus
+    return cpuset.ids(cpus)
+
+
+def before_scrape(
+    policy: BalloonsPolicy | None, busy: BusyFrequency, path: str
+) -> Coroutine[Any, Any, None] | None:
+    """The reading a scrape of ``path`` waits for (None: nothing to read)."""
+    consumer = SCRAPE_CONSUMERS.get(path)
+    if policy is None or policy.config is None or consumer is None:
+        return None
+    endpoint = policy.cpu_classes.writer.endpoint
+    if not endpoint:
+        return None
+    return busy.refresh(consumer, endpoint, balloon_cpus(policy))
+
+
+def busy_metrics(policy: BalloonsPolicy, interval: Interval) -> list[MetricFamily]:
+    """The frequency families of one interval (none when it has no figures)."""
+    after = interval.after
+    seconds = interval.seconds
+    if after is None:
+        return []
+    source = after.backend or "unknown"
+    busy: list[tuple[tuple[str, ...], float]] = []
+    for bln in policy.balloons if seconds is not None else ():
+        mhz = interval.busy_mhz(cpuset.ids(bln.cpus))
+        if mhz is not None:
+            values = (bln.name, bln.bdef.name, cpuset.format(bln.cpus), source)
+            busy.append((values, round(mhz, 1)))
+    lows: list[tuple[tuple[str, ...], float]] = []
+    highs: list[tuple[tuple[str, ...], float]] = []
+    for pu in after.punits:
+        for cl in pu.clos:
+            labels = (str(pu.package), str(pu.punit), str(cl.clos), source)
+            lows.append((labels, cl.min_khz / 1000))
+            highs.append((labels, cl.max_khz / 1000))
+    out = []
+    if busy and seconds is not None:
+        out.append(MetricFamily("balloons_busy", "Busy MHz", BUSY_LABELS, busy, unit="mhz"))
+        out.append(
+            MetricFamily(
+                "balloons_busy_interval",
+                "Seconds the busy MHz cover",
+                ("source",),
+                [((source,), round(seconds, 3))],
+                unit="seconds",
+            )
+        )
+    if lows:
+        out.append(MetricFamily("balloons_clos_min", "CLOS min MHz", CLOS_LABELS, lows, "mhz"))
+        out.append(MetricFamily("balloons_clos_max", "CLOS max MHz", CLOS_LABELS, highs, "mhz"))
+    return out
+
+
+def metrics(policy: BalloonsPolicy | None, busy: BusyFrequency | None = None) -> list[MetricFamily]:
+    """The ``balloons`` gauge, and the frequency families of the last
+    ``/metrics`` interval; no family before the policy has a configuration."""
     if policy is None or policy.config is None:
         return []
     samples = [
         (balloon_sample(policy, bln), float(bln.cpus.bit_count())) for bln in policy.balloons
     ]
-    return [MetricFamily("balloons", "CPUs", BALLOON_LABELS, samples, unit="cores")]
+    out = [MetricFamily("balloons", "CPUs", BALLOON_LABELS, samples, unit="cores")]
+    if busy is not None:
+        out += busy_metrics(policy, busy.interval("metrics"))
+    return out
 
 
 # --------------------------------------------------------------------------- inspect
@@ -230,7 +325,47 @@ def _punit_rows(pct: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def inspect(policy: BalloonsPolicy | None) -> dict[str, Any] | None:
+def _clos_cells(pu: Any) -> dict[str, Any]:
+    cells: dict[str, Any] = {"cp_enabled": pu.cp_enabled}
+    for cl in pu.clos:
+        cells[f"clos{cl.clos}_mhz"] = f"{cl.min_khz // 1000}-{cl.max_khz // 1000}"
+    return cells
+
+
+def _add_frequencies(out: dict[str, Any], policy: BalloonsPolicy, interval: Interval) -> None:
+    """The busy MHz and CLOS bounds columns of ``inspect`` (see the module doc)."""
+    after = interval.after
+    if after is None:
+        return
+    columns: list[str] = []
+    if interval.seconds is not None:
+        for row, bln in zip(out["balloons"], policy.balloons, strict=True):
+            mhz = interval.busy_mhz(cpuset.ids(bln.cpus))
+            if mhz is not None:
+                row["busy_mhz"] = round(mhz)
+                columns = ["busy_mhz"]
+        if columns:
+            out["busy_interval_seconds"] = round(interval.seconds, 3)
+    if after.punits:
+        rows = out.setdefault("punits", [])
+        by_name = {r.get("name"): r for r in rows}
+        for pu in after.punits:
+            name = f"{pu.package}/{pu.punit}"
+            row = by_name.get(name)
+            if row is None:
+                row = by_name[name] = {"name": name}
+                rows.append(row)
+            row.update(_clos_cells(pu))
+        columns += [f"clos{cl.clos}_mhz" for cl in after.punits[0].clos]
+    if columns:
+        out["frequency_source"] = after.backend or "unknown"
+        if after.simulated:
+            out["simulated_columns"] = columns
+
+
+def inspect(
+    policy: BalloonsPolicy | None, busy: BusyFrequency | None = None
+) -> dict[str, Any] | None:
     """The JSON-able state of ``/debug/state`` (``policy`` key)."""
     if policy is None:
         return None
@@ -256,4 +391,6 @@ def inspect(policy: BalloonsPolicy | None) -> dict[str, Any] | None:
     punits = _punit_rows(pct) if pct is not None else []
     if punits:
         out["punits"] = punits
+    if busy is not None:
+        _add_frequencies(out, policy, busy.interval("inspect"))
     return out

@@ -37,6 +37,7 @@ from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
 from nri_balloons import cpupriority, scheduling
+from nri_balloons.busyfreq import BusyFrequency
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
 from nri_balloons.configyaml import load_policy
@@ -92,6 +93,8 @@ class Balloons:
         """the background commit (see "cpuClasses and the SST helper")"""
         self._steps: Steps[Any] | None = None
         """the steps the background awaits"""
+        self.frequencies = BusyFrequency()
+        """the helper's frequency readings of each scrape (nri_balloons.busyfreq)"""
         self.probe: asyncio.TimerHandle | None = None
         self.debugging: set[str] = set()
         self.no_helper_warned = False
@@ -459,6 +462,7 @@ class Balloons:
         self.probe = None
         if self.policy is not None:
             self.policy.cpu_classes.close()
+        self.frequencies.close()
 
     @hookimpl
     def policy_export_state(self) -> Any:
@@ -479,10 +483,16 @@ class Balloons:
     # -- observability (nri_balloons.observe) -----------------------------------------
 
     @hookimpl
+    def policy_before_scrape(self, path: str) -> Any:
+        from nri_balloons import observe
+
+        return observe.before_scrape(self.policy, self.frequencies, path)
+
+    @hookimpl
     def policy_collect_metrics(self) -> Any:
         from nri_balloons import observe
 
-        return observe.metrics(self.policy)
+        return observe.metrics(self.policy, self.frequencies)
 
     @hookimpl
     def policy_instrumentation(self) -> str | None:
@@ -495,7 +505,7 @@ class Balloons:
     def policy_inspect(self) -> Any:
         from nri_balloons import observe
 
-        return observe.inspect(self.policy)
+        return observe.inspect(self.policy, self.frequencies)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

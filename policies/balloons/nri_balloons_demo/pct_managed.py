@@ -7,7 +7,8 @@ the plugin's ``pct:`` lines (:func:`step_4`), the pods (:func:`step_5`), the
 associations (:func:`step_6_1`), the NRT balloon and container tables
 (:func:`step_6_5`), the SST state (:func:`step_6_2`), the CLOS of every pinned
 CPU (:func:`step_6_3`), the punit of each HP balloon (:func:`step_6_4`,
-:func:`inspect_punits`), reporter lines (:func:`step_7`) and the A/B of step 8
+:func:`inspect_punits`), reporter lines beside the plugin's own busy MHz and CLOS bounds
+(:func:`step_7`, :func:`plugin_frequencies`: no privileged pod) and the A/B of step 8
 (:func:`step_8`), then the teardown (:func:`step_9_1`, :func:`step_9_2`).
 Reporter figures are simulated (see :mod:`.node`). Every expectation the spec
 states is checked; the exit status is non-zero when one fails.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +31,13 @@ from nri_balloons_demo.data import pods_dir
 from nri_balloons_demo.harness import default, demo_arguments
 from nri_balloons_demo.node import Demo, Node, Pod, punit_of
 from nri_balloons_demo.sstmodel import sst_summary
-from nri_balloons_demo.tables import get_assoc_lines, nrt_tables, print_tsv
+from nri_balloons_demo.tables import (
+    BUSY_MHZ,
+    frequency_metrics,
+    get_assoc_lines,
+    nrt_tables,
+    print_tsv,
+)
 
 PCT_LINES = [
     "pct: mode=managed, 2 PCT cpuClass(es), 4 punit(s) across 2 package(s)",
@@ -213,8 +221,15 @@ def inspect_punits(w: Walk) -> None:
     )
 
 
+def scrape(w: Walk) -> str:
+    """The plugin's ``/metrics``, as Prometheus scrapes it."""
+    with urllib.request.urlopen(f"http://{w.n.metrics}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
 def step_7(w: Walk) -> None:
     section("7. observe performance (reporter lines; simulated)")
+    scrape(w)  # the plugin's first reading: its interval starts here
     w.hp_perf = [w.n.report(p) for p in w.hp]
     lp_perf = w.n.report(w.lp_pod)
     w.c.check(
@@ -222,6 +237,42 @@ def step_7(w: Walk) -> None:
         "HP pods run at bucket-0 turbo, 4600 MHz",
     )
     w.c.check(lp_perf[1] <= 2300 + 1, "the LP pod is capped at base, 2300 MHz or less")
+    plugin_frequencies(
+        w, {cpuset.format(p.cpus): mhz for p, (_, mhz) in zip(w.hp, w.hp_perf, strict=True)}
+    )
+
+
+def plugin_frequencies(w: Walk, reported: dict[str, float]) -> None:
+    """Step 7 without privileged pods: the plugin's busy MHz per balloon and
+    CLOS bounds per punit over the reporters' interval (its ``/metrics``;
+    the SST helper read the counters)."""
+    busy, clos = frequency_metrics(scrape(w))
+    print(f"  the plugin's /metrics ({w.n.metrics}), no privileged pod:")
+    for row in busy:
+        if row.balloon.startswith(("hp-bln[", "lp-bln[")):
+            print(
+                f'    {BUSY_MHZ}{{balloon="{row.balloon}",cpus="{row.cpus}",'
+                f'source="{row.source}"}} {row.mhz:.0f}   (simulated)'
+            )
+    for punit, bounds in clos.items():
+        cells = ", ".join(f"clos{n} {lo:.0f}-{hi:.0f}" for n, (lo, hi) in bounds.items())
+        print(f"    punit {punit}: {cells} MHz   (simulated)")
+    w.c.check(bool(busy) and {r.source for r in busy} == {"sim"}, 'figures labelled source="sim"')
+    hp = [r for r in busy if r.balloon.startswith("hp-bln[")]
+    lp = [r for r in busy if r.balloon.startswith("lp-bln[")]
+    w.c.check(
+        len(hp) == 4 and len(lp) == 1 and min(r.mhz for r in hp) > max(r.mhz for r in lp),
+        "the plugin's busy MHz: every HP balloon above the LP balloon, as the model computes",
+    )
+    w.c.check(
+        all(abs(r.mhz - reported.get(r.cpus, 0.0)) < 1 for r in hp),
+        "each HP balloon's busy MHz is its reporter's mhz_avg",
+    )
+    w.c.check(
+        len(clos) == 4
+        and all(b.get(0) == (2300, 4600) and b.get(3) == (800, 2300) for b in clos.values()),
+        "the plugin's CLOS bounds: CLOS 0 2300-4600, CLOS 3 800-2300 MHz on every punit",
+    )
 
 
 async def step_8(w: Walk) -> None:

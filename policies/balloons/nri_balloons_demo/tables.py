@@ -3,7 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
+
+BUSY_MHZ = "nri_policy_balloons_busy_mhz"
+CLOS_MIN_MHZ = "nri_policy_balloons_clos_min_mhz"
+CLOS_MAX_MHZ = "nri_policy_balloons_clos_max_mhz"
+
+
+class BusyRow(NamedTuple):
+    balloon: str
+    cpus: str
+    mhz: float
+    source: str
+
+
+def frequency_metrics(text: str) -> tuple[list[BusyRow], dict[str, dict[int, tuple[float, float]]]]:
+    """From a ``/metrics`` text: each balloon's busy MHz, and each punit's
+    (``pkg/punit``) CLOS -> (min, max) MHz."""
+    busy: list[BusyRow] = []
+    lows: dict[tuple[str, int], float] = {}
+    highs: dict[tuple[str, int], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            lb = s.labels
+            if s.name == BUSY_MHZ:
+                busy.append(BusyRow(lb["balloon"], lb["cpus"], s.value, lb["source"]))
+            elif s.name in (CLOS_MIN_MHZ, CLOS_MAX_MHZ):
+                key = (f"{lb['package']}/{lb['punit']}", int(lb["clos"]))
+                (lows if s.name == CLOS_MIN_MHZ else highs)[key] = s.value
+    clos: dict[str, dict[int, tuple[float, float]]] = {}
+    for (punit, n), low in sorted(lows.items()):
+        clos.setdefault(punit, {})[n] = (low, highs.get((punit, n), 0.0))
+    return busy, clos
 
 
 def nrt_tables(state: dict[str, Any]) -> tuple[list[list[str]], list[list[str]]]:

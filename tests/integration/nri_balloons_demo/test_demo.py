@@ -45,6 +45,11 @@ def test_default_demo_is_the_spec_walkthrough() -> None:
     assert "pct: fallback CLOS for non-PCT CPUs set to 3 (LP)" in out
     assert "[hp-1]" in out and "threads=2 events_per_sec=" in out and "(simulated)" in out
     assert "[hp-on-lp]" in out
+    # step 7 without privileged pods: the plugin's own figures, beside the reporters
+    step7 = out[out.index("== 7.") : out.index("== 8.")]
+    assert 'nri_policy_balloons_busy_mhz{balloon="hp-bln[0]"' in step7
+    assert 'source="sim"} 2300   (simulated)' in step7  # lp-bln[0], capped at base
+    assert "[ok  ] the plugin's busy MHz: every HP balloon above the LP balloon" in step7
     assert "speed-select-turbo-freq:disabled" in out
     assert "FAILED" not in out and "demo: all " in out
 

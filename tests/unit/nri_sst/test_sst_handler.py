@@ -55,6 +55,21 @@ def test_discover_xeon(xeon_root: Path) -> None:
     assert d.cpufreq is not None and d.cpufreq.max_khz == 4_600_000
 
 
+def test_read_frequency_with_clos_bounds_in_the_same_reply(xeon_root: Path) -> None:
+    h = RequestHandler(SimBackend(), xeon_root)
+    h.dispatch(m.Hello(protocol=1))
+    plain = h.dispatch(m.ReadFrequency(cpus=[0, 200]))
+    assert isinstance(plain, m.ReadFrequencyReply) and plain.punits == []
+    assert plain.backend == "sim" and [s.cpu for s in plain.samples] == [0, 200]
+    h.dispatch(m.ConfigureClos(clos=3, min_khz=800_000, max_khz=2_300_000, proportional_priority=0))
+    reply = h.dispatch(m.ReadFrequency(cpus=[0], clos=True))
+    assert isinstance(reply, m.ReadFrequencyReply)
+    assert [(pu.package, pu.punit) for pu in reply.punits] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for pu in reply.punits:
+        assert [c.clos for c in pu.clos] == [0, 1, 2, 3]
+        assert (pu.clos[3].min_khz, pu.clos[3].max_khz) == (800_000, 2_300_000)
+
+
 def test_managed_sequence_and_teardown(small_root: Path) -> None:
     sim = SimBackend(SMALL_SIM)
     h = RequestHandler(sim, small_root)

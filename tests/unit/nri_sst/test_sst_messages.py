@@ -21,6 +21,7 @@ REQUESTS: list[m.Request] = [
     m.SetCpufreq(cpus=[1], min_khz=800_000, max_khz=None, governor="performance", epp=None),
     m.SetUncore(package=0, die=0, min_khz=800_000, max_khz=2_000_000),
     m.ReadFrequency(cpus=[0]),
+    m.ReadFrequency(cpus=[0, 1], clos=True),
 ]
 
 CLOS = m.ClosConfig(clos=0, min_khz=0, max_khz=25_500_000, proportional_priority=0)
@@ -68,6 +69,12 @@ REPLIES: list[m.Reply] = [
     m.SetCpufreqReply(cpus=[1]),
     m.SetUncoreReply(package=0, die=0),
     m.ReadFrequencyReply(tsc_mhz=2300, samples=[m.FrequencySample(0, 1, 2, 3)]),
+    m.ReadFrequencyReply(
+        tsc_mhz=2300,
+        samples=[m.FrequencySample(0, 1, 2, 3)],
+        backend="sim",
+        punits=[m.PunitClos(package=0, punit=1, cp_enabled=True, clos=[CLOS])],
+    ),
     m.ErrorReply(code="invalid-argument", message="no"),
 ]
 
