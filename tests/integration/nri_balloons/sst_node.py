@@ -22,6 +22,20 @@ from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_framework.simulate.sysfs import online, write_topology
 
+PCT16_SIM = {
+    "packages": 2,
+    "punits_per_package": 1,
+    "cores_per_punit": 4,
+    "base_mhz": 2900,
+    "p0_mhz": 3800,
+    "cpuinfo_max_khz": 3_800_000,
+    "tf_buckets": [2],
+    "tf_mhz": [3800],
+    "lp_clip_mhz": 2900,
+}
+"""The SST helper's sim config for the pct16 topology: upstream test19's part
+(2 packages of one 4-core punit, base 2.9 GHz, turbo 3.8 GHz)."""
+
 POD = """
 apiVersion: v1
 kind: Pod

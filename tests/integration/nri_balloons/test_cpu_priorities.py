@@ -20,20 +20,9 @@ from nri_framework.simulate.topologies import PCT16
 from nri_framework.topology import Topology
 from nri_sst import messages as m
 from nri_sst.client import SyncHelperClient
-from sst_node import Helper
+from sst_node import PCT16_SIM, Helper
 
-SIM = {
-    "packages": 2,
-    "punits_per_package": 1,
-    "cores_per_punit": 4,
-    "base_mhz": 2900,
-    "p0_mhz": 3800,
-    "cpuinfo_max_khz": 3_800_000,
-    "tf_buckets": [2],
-    "tf_mhz": [3800],
-    "lp_clip_mhz": 2900,
-    "profile": "bios-pct-on",
-}
+SIM = {**PCT16_SIM, "profile": "bios-pct-on"}
 
 
 def test_assoc_only_sst_cp_ranks_the_cpus(tmp_path: Path) -> None:

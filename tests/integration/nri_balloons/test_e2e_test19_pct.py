@@ -18,19 +18,9 @@ from balloons_e2e import plugin_command
 from nri_framework import cpuset
 from nri_sst import messages as m
 from nri_sst.client import SyncHelperClient
-from sst_node import Node, node
+from sst_node import PCT16_SIM, Node, node
 
-SIM = {
-    "packages": 2,
-    "punits_per_package": 1,
-    "cores_per_punit": 4,
-    "base_mhz": 2900,
-    "p0_mhz": 3800,
-    "cpuinfo_max_khz": 3_800_000,
-    "tf_buckets": [2],
-    "tf_mhz": [3800],
-    "lp_clip_mhz": 2900,
-}
+SIM = PCT16_SIM
 
 MANAGED = """
 reservedResources: {cpu: 750m}

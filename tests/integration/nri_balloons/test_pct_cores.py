@@ -20,21 +20,11 @@ from nri_framework.inspect_cli import fetch_state
 from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_sst import messages as m
 from nri_sst.client import SyncHelperClient
-from sst_node import Node, node
+from sst_node import PCT16_SIM, Node, node
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "balloons"
 
-SIM = {
-    "packages": 2,
-    "punits_per_package": 1,
-    "cores_per_punit": 4,
-    "base_mhz": 2900,
-    "p0_mhz": 3800,
-    "cpuinfo_max_khz": 3_800_000,
-    "tf_buckets": [4],
-    "tf_mhz": [3800],
-    "lp_clip_mhz": 2900,
-}
+SIM = {**PCT16_SIM, "tf_buckets": [4]}
 
 CONFIG = (DATA / "pct16-cores" / "balloons-config.yaml").read_text()
 
