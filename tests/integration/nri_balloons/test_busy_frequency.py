@@ -13,8 +13,9 @@ import asyncio
 import re
 import signal
 import sys
-import time
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from nri_framework.instrumentation import SCRAPE_WAIT
@@ -68,13 +69,20 @@ def busy_by_balloon(fams: dict[str, list[tuple[dict[str, str], float]]]) -> dict
     return {labels["balloon"]: value for labels, value in fams.get(BUSY, [])}
 
 
-async def test_two_scrapes_show_hp_balloons_faster_than_lp_simulated() -> None:
+@asynccontextmanager
+async def spec_node() -> AsyncIterator[tuple[Node, int]]:
+    """The spec's node with its pods, the plugin's metrics on a free port."""
     async with node(
         SPEC, topology="xeon-6776p", plugin_args=("--metrics-address", "127.0.0.1:0")
     ) as n:
         port = await port_of(n.plugin)
         await n.plugin.wait_output("balloons policy started", timeout=20)
         await spec_node_pods(n)
+        yield n, port
+
+
+async def test_two_scrapes_show_hp_balloons_faster_than_lp_simulated() -> None:
+    async with spec_node() as (_n, port):
         first = await families(port)
         assert BUSY not in first and CLOS_MIN in first  # one reading: bounds, no interval yet
         await asyncio.sleep(0.3)
@@ -118,12 +126,7 @@ async def inspect_command(port: int) -> str:
 
 
 async def test_a_stopped_or_dead_helper_leaves_the_frequencies_absent_not_the_scrape_hung() -> None:
-    async with node(
-        SPEC, topology="xeon-6776p", plugin_args=("--metrics-address", "127.0.0.1:0")
-    ) as n:
-        port = await port_of(n.plugin)
-        await n.plugin.wait_output("balloons policy started", timeout=20)
-        await spec_node_pods(n)
+    async with spec_node() as (n, port):
         await families(port)
         await asyncio.sleep(0.2)
         assert busy_by_balloon(await families(port))  # the figures are there
@@ -131,9 +134,7 @@ async def test_a_stopped_or_dead_helper_leaves_the_frequencies_absent_not_the_sc
         assert n.helper.proc is not None
         n.helper.proc.send_signal(signal.SIGSTOP)  # hung: the socket accepts, nobody answers
         try:
-            t0 = time.monotonic()
-            fams = await asyncio.wait_for(families(port), SCRAPE_BOUND)
-            assert time.monotonic() - t0 < SCRAPE_BOUND
+            fams = await asyncio.wait_for(families(port), SCRAPE_BOUND)  # a liveness bound
             assert "nri_policy_balloons_cores" in fams  # the rest of the scrape is there
             assert not FREQUENCY_FAMILIES & set(fams), sorted(fams)
         finally:

@@ -22,6 +22,7 @@ from nri_balloons.cpupriority import (
 from nri_balloons.sstlink import Budget, HelperWriter, NullWriter
 from nri_framework import cpuset
 from nri_framework.simulate.topologies import HYBRID12, N4C16, PCT16
+from nri_framework.topology import Topology
 from nri_sst import messages as m
 from topologies import topology
 
@@ -122,6 +123,20 @@ def package(*punits: m.PunitInfo) -> m.PackageInfo:
     )
 
 
+def discovered(topo: Topology, *packages: m.PackageInfo) -> m.DiscoverReply:
+    """What a sim helper's Discover answers for ``topo`` with these packages."""
+    return m.DiscoverReply(
+        supported=True,
+        backend="sim",
+        api_version=1,
+        online_cpus=cpuset.ids(topo.online),
+        packages=list(packages),
+        cpufreq=None,
+        cstates=[],
+        uncore=[],
+    )
+
+
 ONLINE = P("0-7")
 
 
@@ -172,16 +187,7 @@ def test_sst_source_per_package_with_cpufreq_elsewhere() -> None:
     pkg0 = m.PackageInfo(
         package=0, cpus=cpuset.ids(P("0-3,8-11")), punits=[punit("0-3,8-11", tf=True)]
     )
-    reply = m.DiscoverReply(
-        supported=True,
-        backend="sim",
-        api_version=1,
-        online_cpus=cpuset.ids(topo.online),
-        packages=[pkg0],
-        cpufreq=None,
-        cstates=[],
-        uncore=[],
-    )
+    reply = discovered(topo, pkg0)
     clos = {c: 0 if c in (0, 1, 8, 9) else 3 for c in range(16)}
     got = fmt(cpu_priorities(topo, (reply, clos)))
     assert got == {"high": "0-1,8-9", "normal": "4-7,12-15", "low": "2-3,10-11"}
@@ -192,16 +198,7 @@ def test_sst_high_e_cores_are_low_for_the_allocator() -> None:
     normal priority CPUs on a system with other cores."""
     topo = topology(HYBRID12)
     pkg0 = m.PackageInfo(package=0, cpus=cpuset.ids(topo.online), punits=[punit("0-11", tf=True)])
-    reply = m.DiscoverReply(
-        supported=True,
-        backend="sim",
-        api_version=1,
-        online_cpus=cpuset.ids(topo.online),
-        packages=[pkg0],
-        cpufreq=None,
-        cstates=[],
-        uncore=[],
-    )
+    reply = discovered(topo, pkg0)
     prios = cpu_priorities(topo, (reply, dict.fromkeys(range(12), 0)))
     assert prios[H] == P("0-11")
     assert fmt(CpuAllocator(topo, prios).priorities) == {"high": "0-3", "normal": "", "low": ""}
