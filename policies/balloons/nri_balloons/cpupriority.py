@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from nri_framework import cpuset
 from nri_framework.topology import Topology
@@ -30,6 +31,7 @@ from nri_sst import messages as m
 from nri_balloons.sstlink import (
     Ask,
     Budget,
+    BudgetSpent,
     Steps,
     Writer,
     WriteRefused,
@@ -53,6 +55,9 @@ __all__ = [
 DISCOVER_BUDGET = 2.0
 """Seconds the start-up waits for the helper's SST status, both requests
 together (the helper absent: the cpufreq source after that)."""
+DISCOVER_RETRY = 0.1
+"""Seconds between attempts while the helper is not connected (its sidecar
+starts beside the plugin)."""
 
 
 class CpuPriority(enum.IntEnum):
@@ -240,22 +245,42 @@ def discover_steps() -> Steps[SstStatus | None]:
 
 
 def discover(
-    topology: Topology, writer: Writer, budget: Budget | None = None
+    topology: Topology,
+    writer: Writer,
+    budget: Budget | None = None,
+    pause: Callable[[float], None] = time.sleep,
 ) -> dict[CpuPriority, int]:
     """The CPU priorities of this node, once at start: SST through the helper
-    when there is one (waiting at most ``budget``, :data:`DISCOVER_BUDGET` by
-    default), otherwise, or when it is away or refuses, cpufreq."""
+    when there is one, otherwise, or when it is away or refuses, cpufreq.
+
+    The helper is a sidecar started beside the plugin, so its socket may not
+    be there yet: a helper not connected is asked again every
+    :data:`DISCOVER_RETRY` seconds while ``budget`` lasts (:data:`DISCOVER_BUDGET`
+    by default); ``pause`` waits between the attempts."""
     sst: SstStatus | None = None
     if writer.endpoint:
-        try:
-            sst = exchange(discover_steps(), writer, budget or Budget(DISCOVER_BUDGET))
-        except (WriterUnavailable, WriteRefused) as exc:
-            log.warning(
-                "CPU priorities: cannot read SST status from the SST helper (%s); "
-                "using cpufreq base frequencies and EPP",
-                exc,
-            )
+        budget = budget or Budget(DISCOVER_BUDGET)
+        while True:
+            try:
+                sst = exchange(discover_steps(), writer, budget)
+            except WriterUnavailable as exc:
+                if isinstance(exc, BudgetSpent) or budget.left() <= DISCOVER_RETRY:
+                    _no_sst(exc)
+                    break
+                pause(DISCOVER_RETRY)
+                continue
+            except WriteRefused as exc:
+                _no_sst(exc)
+            break
     return cpu_priorities(topology, sst)
+
+
+def _no_sst(exc: Exception) -> None:
+    log.warning(
+        "CPU priorities: cannot read SST status from the SST helper (%s); "
+        "using cpufreq base frequencies and EPP",
+        exc,
+    )
 
 
 class Priorities:

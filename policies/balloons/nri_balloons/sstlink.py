@@ -172,6 +172,10 @@ class Budget:
         self.clock = clock
         self.deadline = clock() + seconds
 
+    def left(self) -> float:
+        """Seconds of the budget not spent yet (negative once spent)."""
+        return self.deadline - self.clock()
+
     def timeout(self, wanted: float | None) -> float:
         left = self.deadline - self.clock()
         if left <= 0:

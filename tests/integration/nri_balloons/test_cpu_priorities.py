@@ -9,11 +9,13 @@ high and the rest low (the SST-TF rule), as upstream's cpuallocator does."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 from nri_balloons.cpuallocator import CpuAllocator
-from nri_balloons.cpupriority import CpuPriority, discover
-from nri_balloons.sstlink import HelperWriter
+from nri_balloons.cpupriority import DISCOVER_RETRY, CpuPriority, cpu_priorities, discover
+from nri_balloons.sstlink import Budget, HelperWriter
 from nri_framework import cpuset
 from nri_framework.simulate.sysfs import write_topology
 from nri_framework.simulate.topologies import PCT16
@@ -49,3 +51,57 @@ def test_assoc_only_sst_cp_ranks_the_cpus(tmp_path: Path) -> None:
     # a high-priority pick takes the CLOS 0 cores
     alloc = CpuAllocator(topo, prios)
     assert alloc.allocate(topo.online, 2, CpuPriority.HIGH) & ~prios[CpuPriority.HIGH] == 0
+
+
+def test_a_helper_that_starts_after_the_plugin_is_waited_for(tmp_path: Path) -> None:
+    """The sidecar starts beside the plugin: the start-up discovery begins while
+    the helper's socket is not there yet, asks again while its budget lasts, and
+    takes SST's priorities once the helper answers (not cpufreq's)."""
+    root = write_topology(tmp_path / "host", PCT16)
+    config = tmp_path / "sim-config.json"
+    config.write_text(json.dumps(SIM))
+    helper = Helper(tmp_path, root, ("--sim-config", str(config)))
+    topo = Topology.from_sysfs(root)
+    writer = HelperWriter(helper.endpoint, timeout=0.2)
+    attempts: list[float] = []
+    started = threading.Event()
+
+    def pause(seconds: float) -> None:
+        attempts.append(seconds)
+        if len(attempts) == 3:  # the helper comes up after the plugin has asked twice
+            helper.start()
+            started.set()
+        time.sleep(seconds)
+
+    try:
+        prios = discover(topo, writer, Budget(30.0), pause)  # 30 s: a liveness bound
+    finally:
+        writer.close()
+        helper.stop()
+    assert started.is_set() and len(attempts) >= 3, attempts
+    assert prios != cpu_priorities(topo)  # not the cpufreq source
+    assert cpuset.format(prios[CpuPriority.HIGH]) == "0-1,4-5,8-9,12-13"  # CLOS 0 cores
+
+
+def test_no_helper_ever_is_cpufreq_once_the_budget_is_spent(tmp_path: Path) -> None:
+    """No helper comes: cpufreq's priorities when the budget is spent, after
+    attempts every DISCOVER_RETRY seconds (clock and pause injected)."""
+    topo = topology_of(tmp_path)
+    now = [0.0]
+    waits: list[float] = []
+
+    def pause(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    writer = HelperWriter(f"ipc://{tmp_path}/absent.sock", timeout=0.05)
+    try:
+        prios = discover(topo, writer, Budget(1.0, clock=lambda: now[0]), pause)
+    finally:
+        writer.close()
+    assert prios == cpu_priorities(topo)
+    assert waits and set(waits) == {DISCOVER_RETRY} and sum(waits) <= 1.0
+
+
+def topology_of(tmp_path: Path) -> Topology:
+    return Topology.from_sysfs(write_topology(tmp_path / "host", PCT16))
