@@ -95,6 +95,8 @@ def _meminfo_total(path: Path) -> int:
 MAX_EPP_LENGTH = 64
 """The longest ``energy_performance_preference`` kept (the kernel's names are
 at most 19 characters; a raw 0-255 value is 3)."""
+MAX_CSTATE_NAME = 64
+"""Characters of a C-state name kept (the kernel's are at most 16)."""
 
 
 def _epp(path: Path) -> str:
@@ -106,6 +108,18 @@ def _epp(path: Path) -> str:
     if len(text) > MAX_EPP_LENGTH or not text.isprintable() or " " in text:
         raise TopologyError(f"invalid energy performance preference {text[:80]!r} in {path}", path)
     return text
+
+
+def _cstate_names(cpuidle: Path) -> frozenset[str]:
+    """The cpuidle state names under ``cpuidle`` (each at most
+    :data:`MAX_CSTATE_NAME` characters; an unreadable state is left out)."""
+    found: set[str] = set()
+    for state in cpuidle.glob("state*/name"):
+        try:
+            found.add(state.read_text(errors="replace").strip()[:MAX_CSTATE_NAME])
+        except OSError:
+            continue
+    return frozenset(found)
 
 
 # ---------------------------------------------------------------------------
@@ -282,6 +296,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
     core_of: dict[int, int] = {}
     freq: dict[int, CpuFreq] = {}
     epp: dict[int, str] = {}
+    cstates: dict[int, frozenset[str]] = {}
     no_base = 0
     caches = {2: _CacheGroups(2), 3: _CacheGroups(3)}
     for cpu in cpuset.ids(online):
@@ -314,6 +329,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
             base = fmax
         freq[cpu] = CpuFreq(fmin, base, fmax)
         epp[cpu] = _epp(f / "energy_performance_preference")
+        cstates[cpu] = _cstate_names(cpu_dir / "cpuidle")
     if no_base:
         log.warning(
             "no cpufreq/base_frequency for CPUs %s; using cpuinfo_max_freq as base",
@@ -375,6 +391,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
             isolated=bool(isolated >> cpu & 1),
             freq=freq[cpu],
             epp=epp[cpu],
+            cstates=cstates[cpu],
         )
     return Topology(
         infos,

@@ -114,6 +114,8 @@ class CpuInfo:
     freq: CpuFreq
     epp: str = ""
     """``cpufreq/energy_performance_preference`` ("" when the CPU has none)."""
+    cstates: frozenset[str] = frozenset()
+    """``cpuidle/state*/name``: the C-states the CPU has (an unreadable one left out)."""
 
     @property
     def die_key(self) -> tuple[int, int]:

@@ -187,10 +187,6 @@ class CpuClassHandler:
         """True once a class disables C-states: from then on every class writes
         its C-states (an empty list enables them all)."""
         self.written: dict[int, _Written] = {}
-        # each CPU's C-state names, read once here (start-up, off the NRI reply path)
-        self._cstates: dict[int, frozenset[str]] = {
-            cpu: _cstate_names(topology.host_root, cpu) for cpu in cpuset.ids(topology.online)
-        }
         self.uncore_written: dict[tuple[int, int], tuple[int, int]] = {}
         self.degraded = False
         self.uncore_available = (Path(topology.host_root) / UNCORE_DIR).is_dir()
@@ -472,7 +468,7 @@ class CpuClassHandler:
             if self.cstates_managed:
                 # upstream filters the class's names by the C-states the CPU has
                 # (cstates.NewBasicFilter().SetCstateNames): unknown ones are no writes
-                want = tuple(sorted(set(d.disabled_cstates) & self._cstates.get(cpu, frozenset())))
+                want = tuple(sorted(set(d.disabled_cstates) & self.topology.cpus[cpu].cstates))
                 if want != w.cstates:
                     cstate_groups.setdefault(want, []).append(cpu)
                     key = (syn, list_v(want))
@@ -548,16 +544,3 @@ def _describe(req: WriteRequest) -> str:
         return f"uncore of package {req.package} die {req.die}"
     what = "cpufreq" if isinstance(req, m.SetCpufreq) else "C-states"
     return f"{what} of CPUs {cpuset.format(cpuset.from_ids(req.cpus))}"
-
-
-def _cstate_names(host_root: str | Path, cpu: int) -> frozenset[str]:
-    """The cpuidle state names of ``cpu`` in the host's sysfs (each at most 64
-    characters; an unreadable state is left out)."""
-    d = Path(host_root) / f"sys/devices/system/cpu/cpu{cpu}/cpuidle"
-    found: set[str] = set()
-    for state in d.glob("state*/name"):
-        try:
-            found.add(state.read_text(errors="replace").strip()[:64])
-        except OSError:
-            continue
-    return frozenset(found)
