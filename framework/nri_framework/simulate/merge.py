@@ -262,3 +262,9 @@ class CreateMerge:
         if linux.HasField("oom_score_adj"):
             self.owners.claim(cid, "oom score adj", plugin)
             mine.oom_score_adj.CopyFrom(linux.oom_score_adj)
+        if linux.HasField("scheduler"):
+            self.owners.claim(cid, "scheduling policy", plugin)
+            mine.scheduler.CopyFrom(linux.scheduler)
+        if linux.HasField("io_priority"):
+            self.owners.claim(cid, "IO priority", plugin)
+            mine.io_priority.CopyFrom(linux.io_priority)

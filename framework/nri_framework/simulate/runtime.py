@@ -31,7 +31,7 @@ from typing import Unpack
 
 from nri_framework import convert
 from nri_framework.convert import container_to_pb, pod_to_pb
-from nri_framework.model import Container, Event, Pod, Resources
+from nri_framework.model import Container, Event, IOPriority, Pod, Resources, Scheduler
 from nri_framework.pb import nri_pb2 as pb
 from nri_framework.simulate.adaptation import Adaptation, Options
 from nri_framework.simulate.merge import CreateMerge, MergeError, Owners, Updates
@@ -161,6 +161,21 @@ class SimulatedRuntime(Adaptation):
     def container(self, container_id: str) -> Container:
         return convert.container_from_pb(self._container(container_id))
 
+    def scheduling(self, container_id: str) -> tuple[Scheduler | None, IOPriority | None]:
+        """The container's scheduling policy (``linux.scheduler``) and I/O
+        priority (``linux.io_priority``) as the plugins' adjustments left them:
+        what a runtime applies to the container's process (``sched_setattr``,
+        ``ioprio_set``). The simulator runs no process, so this is where they
+        are read back."""
+        linux = self._container(container_id).linux
+        adj = pb.ContainerAdjustment()
+        if linux.HasField("scheduler"):
+            adj.linux.scheduler.CopyFrom(linux.scheduler)
+        if linux.HasField("io_priority"):
+            adj.linux.io_priority.CopyFrom(linux.io_priority)
+        got = convert.adjustment_from_pb(adj)
+        return got.scheduler, got.io_priority
+
     async def wait_plugins(self, n: int = 1, timeout: float = 10.0) -> list[PluginInfo]:
         """Wait until at least ``n`` plugins are connected."""
         loop = asyncio.get_running_loop()
@@ -255,6 +270,11 @@ class SimulatedRuntime(Adaptation):
         except (PluginStatusError, MergeError) as exc:
             raise NriError(f"failed to get NRI adjustment for container: {exc}") from None
         created = merge.container
+        # a runtime of an older NRI does not know these fields and drops them
+        if self.emulation.nri < (0, 11):
+            created.linux.ClearField("scheduler")
+        if self.emulation.nri < (0, 10):
+            created.linux.ClearField("io_priority")
         created.state = pb.CONTAINER_CREATED
         self._containers[created.id] = created
         self._apply_updates(merge.updates.others(), "CreateContainer")

@@ -19,10 +19,11 @@ Every CPU set is an ``int`` bitmask (see :mod:`nri_framework.cpuset`).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from nri_framework import cpuset
 from nri_framework.topology import Topology
@@ -37,6 +38,7 @@ from nri_balloons.sstlink import (
     WriteRefused,
     WriterUnavailable,
     exchange,
+    exchange_async,
 )
 
 log = logging.getLogger("nri_balloons.cpus")  # the allocator's logger
@@ -48,7 +50,9 @@ __all__ = [
     "cpu_priorities",
     "cpufreq_priorities",
     "discover",
+    "discover_at_start",
     "discover_steps",
+    "rediscover",
     "sst_priorities",
 ]
 
@@ -58,6 +62,9 @@ together (the helper absent: the cpufreq source after that)."""
 DISCOVER_RETRY = 0.1
 """Seconds between attempts while the helper is not connected (its sidecar
 starts beside the plugin)."""
+LATE_RETRY_MIN = 0.5
+LATE_RETRY_MAX = 10.0
+"""Seconds between the attempts of :func:`rediscover` (doubling)."""
 
 
 class CpuPriority(enum.IntEnum):
@@ -250,14 +257,27 @@ def discover(
     budget: Budget | None = None,
     pause: Callable[[float], None] = time.sleep,
 ) -> dict[CpuPriority, int]:
+    """The CPU priorities of this node at start (:func:`discover_at_start`)."""
+    return discover_at_start(topology, writer, budget, pause)[0]
+
+
+def discover_at_start(
+    topology: Topology,
+    writer: Writer,
+    budget: Budget | None = None,
+    pause: Callable[[float], None] = time.sleep,
+) -> tuple[dict[CpuPriority, int], bool]:
     """The CPU priorities of this node, once at start: SST through the helper
-    when there is one, otherwise, or when it is away or refuses, cpufreq.
+    when there is one, otherwise, or when it is away or refuses, cpufreq; and
+    whether the helper was away all along (its SST status may come later:
+    :func:`rediscover`).
 
     The helper is a sidecar started beside the plugin, so its socket may not
     be there yet: a helper not connected is asked again every
     :data:`DISCOVER_RETRY` seconds while ``budget`` lasts (:data:`DISCOVER_BUDGET`
     by default); ``pause`` waits between the attempts."""
     sst: SstStatus | None = None
+    away = False
     if writer.endpoint:
         budget = budget or Budget(DISCOVER_BUDGET)
         while True:
@@ -266,13 +286,47 @@ def discover(
             except WriterUnavailable as exc:
                 if isinstance(exc, BudgetSpent) or budget.left() <= DISCOVER_RETRY:
                     _no_sst(exc)
+                    away = True
                     break
                 pause(DISCOVER_RETRY)
                 continue
             except WriteRefused as exc:
                 _no_sst(exc)
             break
-    return cpu_priorities(topology, sst)
+    return cpu_priorities(topology, sst), away
+
+
+async def rediscover(
+    topology: Topology,
+    writer: Writer,
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> dict[CpuPriority, int] | None:
+    """SST's CPU priorities from a helper that was away at start, off the reply
+    path: asked every :data:`LATE_RETRY_MIN` seconds, doubling up to
+    :data:`LATE_RETRY_MAX`, until it answers; None when it then reports no SST
+    that prioritises CPUs, or refuses (the start's cpufreq priorities stay).
+    ``pause`` awaits between the attempts."""
+    delay = LATE_RETRY_MIN
+    while True:
+        try:
+            sst = await exchange_async(discover_steps(), writer)
+        except WriterUnavailable:
+            await pause(delay)
+            delay = min(delay * 2, LATE_RETRY_MAX)
+            continue
+        except WriteRefused as exc:
+            log.warning("CPU priorities: the SST helper refused its SST status (%s)", exc)
+            return None
+        break
+    if sst is None:
+        log.info("CPU priorities: the SST helper is there now and reports no SST")
+        return None
+    prios = cpu_priorities(topology, sst)
+    log.info(
+        "CPU priorities: SST status read from the SST helper after start; "
+        "allocations from now on use them (existing balloons keep their CPUs)"
+    )
+    return prios
 
 
 def _no_sst(exc: Exception) -> None:

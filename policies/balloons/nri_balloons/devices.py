@@ -23,6 +23,7 @@ from nri_framework import cpuset
 from nri_framework.topology import Topology
 
 from nri_balloons.config import BalloonType
+from nri_balloons.cpupriority import CpuPriority
 
 log = logging.getLogger("policy")
 _load_log = logging.getLogger("nri_balloons.cpus")  # the logger these lines always had
@@ -62,16 +63,27 @@ def far_devices(close: Mapping[str, Sequence[str]], has_isolated: bool) -> dict[
 
 
 class DeviceResolver:
-    """Device name -> CPU mask, cached."""
+    """Device name -> CPU mask, cached.
 
-    def __init__(self, topology: Topology, host_root: str, reserved: int) -> None:
+    ``performance cores`` and ``efficient cores`` are the CPU allocator's high
+    and low priority CPUs (``priorities``, as upstream's ``GetCPUPriorities``),
+    not the kernel's core types: on a hybrid part with one base frequency the
+    P-cores are normal priority, so ``performance cores`` is empty there."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        host_root: str,
+        reserved: int,
+        priorities: Mapping[CpuPriority, int],
+    ) -> None:
         self.topology = topology
         self.host_root = Path(host_root)
         self.virtual = {
             RESERVED_CPUS: reserved,
             ISOLATED_CPUS: topology.isolated,
-            PERFORMANCE_CORES: topology.performance_cpus,
-            EFFICIENT_CORES: topology.efficient_cpus,
+            PERFORMANCE_CORES: priorities.get(CpuPriority.HIGH, 0),
+            EFFICIENT_CORES: priorities.get(CpuPriority.LOW, 0),
         }
         self._cache: dict[str, int | None] = {}
 

@@ -98,6 +98,9 @@ class Balloons:
         self.probe: asyncio.TimerHandle | None = None
         self.debugging: set[str] = set()
         self.no_helper_warned = False
+        self.sst_missed = False
+        """the SST helper was away at start: its CPU priorities may come later"""
+        self.rediscovery: asyncio.Task[None] | None = None
 
     # -- cpuClasses and the SST helper ----------------------------------------------
     #
@@ -126,6 +129,8 @@ class Balloons:
         """Apply the CPU class decisions of the hook that just ran (one commit
         per hook, within the hook's ``wait``). What the helper did not take
         goes to the background."""
+        if self.sst_missed and self.rediscovery is None and _running_loop() is not None:
+            self.rediscovery = asyncio.get_running_loop().create_task(self._rediscover())
         if self.policy is None or self.background is not None:
             return
         ok = self.policy.cpu_classes.commit(wait)
@@ -185,6 +190,19 @@ class Balloons:
         finally:
             if self.background is asyncio.current_task():
                 self.background = None
+
+    async def _rediscover(self) -> None:
+        """The SST helper was away at start: read its CPU priorities once it is
+        there (on a session of its own), for the allocations from then on."""
+        assert self.policy is not None
+        writer = HelperWriter(self.options.sst_helper)
+        try:
+            prios = await cpupriority.rediscover(self.policy.topology, writer)
+        finally:
+            writer.close()
+        self.sst_missed = False
+        if prios is not None:
+            self.policy.use_priorities(prios)
 
     def _probe(self) -> None:
         """Every PROBE_INTERVAL while PCT is configured: a restarted helper
@@ -325,7 +343,7 @@ class Balloons:
         topology = Topology.from_sysfs(host.host_root)
         # CPU priorities once at start (upstream's cpuallocator), before any NRI
         # request: SST through the helper, within DISCOVER_BUDGET; else cpufreq
-        priorities = cpupriority.discover(topology, writer)
+        priorities, self.sst_missed = cpupriority.discover_at_start(topology, writer)
         self.policy = BalloonsPolicy(topology, host.host_root, writer=writer, priorities=priorities)
         # until the runtime's Synchronize names the running containers, SST is
         # programmed but no CPU re-associated (a restarted plugin would send
@@ -457,6 +475,9 @@ class Balloons:
     @hookimpl
     def policy_shutdown(self) -> None:
         self._stop_background()
+        if self.rediscovery is not None:
+            self.rediscovery.cancel()
+            self.rediscovery = None
         if self.probe is not None:
             self.probe.cancel()
         self.probe = None

@@ -43,7 +43,7 @@ from nri_balloons.placement import Placement, TypeOptions, changes_placement
 from nri_balloons.sizing import share_idle
 from nri_balloons.sstlink import DEFAULT_WAIT, Wait
 from nri_balloons.state import BalloonsState, decode, rebuild, snapshot
-from nri_balloons.trees import class_hints
+from nri_balloons.trees import build_trees, class_hints
 from nri_balloons.validation import PreparedConfig
 
 log = logging.getLogger("policy")
@@ -99,6 +99,16 @@ class BalloonsPolicy:
         """the CPU priorities discovered at start (None: cpufreq's)"""
         self.cpu_classes = CpuClassHandler(topology, writer)
         self.placement = Placement()
+
+    def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
+        """CPU priorities found after start (a late SST helper): the allocations
+        from now on use them; no balloon moves."""
+        self.priorities = priorities
+        p = self.placement
+        if p.config is not None:
+            p.trees = build_trees(
+                self.topology, self.host_root, p.config, p.reserved, p.options, priorities
+            )
 
     # -- configuration (§3 setConfig) ------------------------------------------------
 

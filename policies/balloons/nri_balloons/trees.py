@@ -69,7 +69,8 @@ def build_trees(
 ) -> TypeTrees:
     """The tree allocators of ``prepared``'s types, sharing one CPU allocator
     (with ``priorities``, None: from cpufreq)."""
-    resolver = DeviceResolver(topology, host_root, reserved)
+    allocator = CpuAllocator(topology, priorities)  # one for the whole policy
+    resolver = DeviceResolver(topology, host_root, reserved, allocator.priorities)
     reserved_cpuset = bool(prepared.reserved)
     close = {
         t.name: close_devices(t, prepared.reserved_type.name, reserved_cpuset)
@@ -92,7 +93,6 @@ def build_trees(
             if dev not in devices:
                 devices.append(dev)
         out.type_loads[t.name] = devices
-    allocator = CpuAllocator(topology, priorities)  # one for the whole policy
     for t in prepared.balloon_types:
         opts = options[t.name]
         loads = out.type_loads[t.name]

@@ -13,16 +13,19 @@ import threading
 import time
 from pathlib import Path
 
+from balloons_e2e import plugin_command, until
 from nri_balloons.cpuallocator import CpuAllocator
 from nri_balloons.cpupriority import DISCOVER_RETRY, CpuPriority, cpu_priorities, discover
 from nri_balloons.sstlink import Budget, HelperWriter
 from nri_framework import cpuset
+from nri_framework.simulate.runtime import SimulatedRuntime
+from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_framework.simulate.sysfs import write_topology
 from nri_framework.simulate.topologies import PCT16
 from nri_framework.topology import Topology
 from nri_sst import messages as m
 from nri_sst.client import SyncHelperClient
-from sst_node import PCT16_SIM, Helper
+from sst_node import PCT16_SIM, Helper, Node
 
 SIM = {**PCT16_SIM, "profile": "bios-pct-on"}
 
@@ -105,3 +108,57 @@ def test_no_helper_ever_is_cpufreq_once_the_budget_is_spent(tmp_path: Path) -> N
 
 def topology_of(tmp_path: Path) -> Topology:
     return Topology.from_sysfs(write_topology(tmp_path / "host", PCT16))
+
+
+LATE_CONFIG = """
+reservedResources: {cpu: "cpuset:15"}
+balloonTypes:
+- {name: hp, preferCoreType: performance}
+- {name: hp-later, preferCoreType: performance}
+"""
+
+
+async def test_a_helper_that_comes_after_the_start_budget_gives_later_allocations_its_priorities(
+    tmp_path: Path,
+) -> None:
+    """The helper is away for the whole start budget (2 s): the plugin starts on
+    cpufreq's priorities and asks the helper again in the background, off the
+    reply path. Once a real helper is there it reads SST once, says so, and the
+    allocations from then on take SST's high-priority CPUs (``preferCoreType:
+    performance``: the allocator's high priority CPUs, none with cpufreq's on
+    this fixture); a balloon made before keeps its CPUs. (The SST state is the
+    operator's, set on the sim before: only core 3 of package 0, CPUs 3 and 11,
+    on CLOS 0.)"""
+    root = write_topology(tmp_path / "host", PCT16)
+    config = tmp_path / "sim-config.json"
+    config.write_text(json.dumps(SIM))
+    helper = Helper(tmp_path, root, ("--sim-config", str(config)))
+    helper.start()
+    try:
+        with SyncHelperClient(helper.endpoint, timeout=2.0, client="operator") as op:
+            op.call(m.AssociateCpus(clos=2, cpus=list(range(16))), m.AssociateCpusReply)
+            op.call(m.AssociateCpus(clos=0, cpus=[3]), m.AssociateCpusReply)
+    finally:
+        helper.stop()  # the sim keeps its state in its state file
+    cfg = tmp_path / "balloons.yaml"
+    cfg.write_text(LATE_CONFIG)
+    async with SimulatedRuntime(tmp_path / "nri.sock") as rt:
+        cmd = plugin_command(tmp_path / "nri.sock", root, tmp_path / "state", cfg)
+        plugin = await PluginProcess.launch([*cmd, "--sst-helper", helper.endpoint])
+        n = Node(rt, plugin, helper, root, tmp_path)
+        try:
+            await wait_registered(rt, plugin, 20)
+            early = await n.create("early", "hp", cpu="1")
+            assert not early & {3, 11}, early  # cpufreq's priorities: none high
+            helper.start()
+            await until(
+                lambda: bool(n.lines("SST status read from the SST helper after start")),
+                "the late SST discovery",
+                30,  # a liveness bound
+            )
+            late = await n.create("late", "hp-later", cpu="1")
+            assert late <= {3, 11}, late  # SST's high priority CPUs
+            assert n.cpus("early") == early  # an existing balloon does not move
+        finally:
+            await plugin.stop()
+            helper.stop()

@@ -5,17 +5,23 @@ deflates and when it goes. The C-state writes go through the SST helper's sim
 backend (upstream: its ``OVERRIDE_SYS_CSTATES`` fake fs); the assertions read
 the ``cpuidle/stateN/disable`` files the helper wrote.
 
-Not here: upstream's ``/proc/PID/sched`` and ``ionice`` checks of the
-scheduling classes (fifo 42, the ``run-when-free`` annotation): the runtime
-simulator does not merge an adjustment's ``linux.scheduler``/``io_priority``
-into the container it keeps, so nothing here can read them back; the
-adjustments the policy sends are tests/unit/nri_balloons/test_scheduling.py's.
+The scheduling classes (the balloon type's ``realtime``: fifo 42; the
+``run-when-free`` annotation: idle, nice 17, best-effort 6): upstream reads
+``/proc/PID/sched`` and ``ionice -p PID`` of the container's process. The
+runtime simulator (an NRI v0.12 runtime here: older ones drop the fields)
+runs no process per container, so the test reads the ``linux.scheduler`` and
+``linux.io_priority`` the runtime would apply (``sched_setattr``,
+``ioprio_set``) from the simulator's container state
+(:meth:`~nri_framework.simulate.runtime.SimulatedRuntime.scheduling`) and
+shows them the way those two files do (:func:`proc_sched`, :func:`ionice`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from nri_framework.simulate.emulation import NRI_V0_12
+from nri_framework.simulate.runtime import SimulatedRuntime
 from sst_node import Node, node
 
 # upstream's balloons-cstates.cfg merged into the chart's defaults
@@ -69,8 +75,37 @@ def verify_cstates(n: Node, cpus: set[int] | list[int], disabled: set[str]) -> N
         assert n.disabled(cpu) == disabled, cpu
 
 
+SCHED_POLICIES = {"SCHED_OTHER": 0, "SCHED_FIFO": 1, "SCHED_RR": 2, "SCHED_BATCH": 3}
+SCHED_POLICIES |= {"SCHED_IDLE": 5, "SCHED_DEADLINE": 6}
+IO_CLASSES = {"IOPRIO_CLASS_RT": "realtime", "IOPRIO_CLASS_BE": "best-effort"}
+IO_CLASSES |= {"IOPRIO_CLASS_IDLE": "idle"}
+
+
+def proc_sched(n: Node, name: str) -> tuple[int, int]:
+    """``policy`` and ``prio`` of the container's ``/proc/PID/sched``: the kernel's
+    priority is ``99 - rt_priority`` for the real-time policies, ``120 + nice``
+    for the others."""
+    sched, _io = n.rt.scheduling(n.containers[name])
+    assert sched is not None, f"{name}: no scheduling policy"
+    policy = SCHED_POLICIES[sched.policy]
+    rt = policy in (1, 2)
+    return policy, (99 - sched.priority) if rt else 120 + sched.nice
+
+
+def ionice(n: Node, name: str) -> str:
+    """What ``ionice -p PID`` prints for the container's process."""
+    _sched, io = n.rt.scheduling(n.containers[name])
+    if io is None:
+        return "none: prio 0"
+    return f"{IO_CLASSES[io.io_class]}: prio {io.priority}"
+
+
+def runtime(socket: Path) -> SimulatedRuntime:
+    return SimulatedRuntime(socket, emulation=NRI_V0_12)
+
+
 async def test_cstates_scheduling() -> None:
-    async with node(CONFIG) as n:
+    async with node(CONFIG, runtime=runtime) as n:
         # the fixture writer's last file: anything written after it is the helper's
         written = (n.host_root / "sys/devices/system/node/node3/meminfo").stat().st_mtime_ns
         # all c-states of all available CPUs are enabled
@@ -80,6 +115,7 @@ async def test_cstates_scheduling() -> None:
         # CPUs of low-latency pod0 cannot enter C4 or C8 (C6, C10: not on this CPU)
         verify_cstates(n, {cpu0}, {"C4", "C8"})
         verify_cstates(n, set(AVAILABLE) - {cpu0}, set())
+        assert proc_sched(n, "pod0") == (1, 99 - 42)  # SCHED_FIFO, prio 57
 
         path = n.work / "pod1.yaml"
         path.write_text(POD1)
@@ -89,6 +125,8 @@ async def test_cstates_scheduling() -> None:
         # CPUs of low-latency pods pod0 and pod1 cannot enter C4 or C8
         verify_cstates(n, pod1, {"C4", "C8"})
         verify_cstates(n, set(AVAILABLE) - pod1, set())
+        assert proc_sched(n, "pod1") == (5, 120 + 17)  # SCHED_IDLE, prio 137
+        assert ionice(n, "pod1") == "best-effort: prio 6"
         max_lowlatency = pod1
 
         await n.delete("pod1")

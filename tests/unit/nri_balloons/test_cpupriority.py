@@ -11,6 +11,7 @@ import dataclasses
 import logging
 
 import pytest
+from nri_balloons.configyaml import load_policy
 from nri_balloons.cpuallocator import CpuAllocator
 from nri_balloons.cpupriority import (
     CpuPriority,
@@ -19,7 +20,10 @@ from nri_balloons.cpupriority import (
     discover,
     sst_priorities,
 )
+from nri_balloons.devices import EFFICIENT_CORES, PERFORMANCE_CORES, DeviceResolver
+from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.sstlink import Budget, HelperWriter, NullWriter
+from nri_balloons.validation import validate
 from nri_framework import cpuset
 from nri_framework.simulate.topologies import HYBRID12, N4C16, PCT16
 from nri_framework.topology import Topology
@@ -226,3 +230,69 @@ def test_helper_away_is_the_cpufreq_source_within_the_budget(
         writer.close()
     assert got == cpu_priorities(topo)
     assert "CPU priorities: cannot read SST status from the SST helper" in caplog.text
+
+
+# -- preferCoreType: the virtual devices are the allocator's priorities -----------------
+
+CORE_TYPES = """
+reservedResources: {cpu: "1"}
+balloonTypes:
+- {name: perf, namespaces: [p], preferCoreType: performance, minBalloons: 1, minCPUs: 1}
+- {name: eff, namespaces: [e], preferCoreType: efficient, minBalloons: 1, minCPUs: 1}
+- {name: default, minBalloons: 1, minCPUs: 1}
+"""
+
+
+def core_type_balloons(topo: Topology, prios: dict[CpuPriority, int] | None) -> dict[str, int]:
+    result = validate(load_policy(CORE_TYPES), online_cpus=topo.online)
+    assert result.prepared is not None, result.errors
+    policy = BalloonsPolicy(topo, priorities=prios)
+    policy.set_config(result.prepared)
+    return {b.bdef.name: b.cpus for b in policy.balloons}
+
+
+def test_core_type_devices_are_the_high_and_low_priority_cpus() -> None:
+    """``performance cores``/``efficient cores`` are the allocator's high/low CPUs
+    (upstream's ``GetCPUPriorities``), not the kernel's core type lists: with one
+    base frequency the P-cores are normal, so ``performance cores`` is empty."""
+    topo = topology(HYBRID12)
+    alloc = CpuAllocator(topo, cpu_priorities(topo))
+    resolver = DeviceResolver(topo, "/nonexistent", 0, alloc.priorities)
+    assert resolver.cpus(PERFORMANCE_CORES) == 0
+    assert resolver.cpus(EFFICIENT_CORES) == P("4-11")
+    epp = dataclasses.replace(
+        HYBRID12,
+        name="hybrid12-epp-perf",
+        epp_by_cpus=(("0-1", "performance"), ("2-11", "balance_power")),
+    )
+    topo = topology(epp)
+    alloc = CpuAllocator(topo, cpu_priorities(topo))
+    resolver = DeviceResolver(topo, "/nonexistent", 0, alloc.priorities)
+    assert resolver.cpus(PERFORMANCE_CORES) == P("0-1")
+    assert resolver.cpus(EFFICIENT_CORES) == P("2-11")
+
+
+def test_hybrid_one_base_frequency_keeps_reserved_and_default_on_p_cores() -> None:
+    """A type preferring performance cores makes the others avoid them: with the
+    kernel's P-core list that pushed the reserved and default balloons onto
+    E-cores; with the priorities (P-cores normal, none high) nothing is avoided
+    and they stay on the P-cores, as upstream's do."""
+    topo = topology(HYBRID12)
+    got = core_type_balloons(topo, None)
+    assert got["perf"] & topo.efficient_cpus == 0
+    assert got["reserved"] & topo.efficient_cpus == 0, cpuset.format(got["reserved"])
+    assert got["default"] & topo.efficient_cpus == 0, cpuset.format(got["default"])
+    assert got["eff"] & ~topo.efficient_cpus == 0
+
+
+def test_sst_high_cpus_are_the_performance_cores() -> None:
+    """With SST's priorities (TF: CLOS 0-1 high) ``preferCoreType: performance``
+    takes a high-priority CPU and the other balloons avoid those CPUs."""
+    topo = topology(HYBRID12)
+    pkg0 = m.PackageInfo(package=0, cpus=cpuset.ids(topo.online), punits=[punit("0-11", tf=True)])
+    clos = {c: (0 if c in (2, 3) else 2) for c in range(12)}
+    prios = cpu_priorities(topo, (discovered(topo, pkg0), clos))
+    assert cpuset.format(prios[H]) == "2-3"
+    got = core_type_balloons(topo, prios)
+    assert got["perf"] & ~P("2-3") == 0, cpuset.format(got["perf"])
+    assert (got["reserved"] | got["default"]) & P("2-3") == 0
