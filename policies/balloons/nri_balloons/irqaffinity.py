@@ -45,7 +45,9 @@ class Irq:
 
     def matches(self, pattern: str) -> bool:
         """Upstream's ``Irq.Match``: the IRQ's number, or a glob over its description."""
-        return bool(pattern) and (pattern == str(self.number) or go_match(pattern, self.description))
+        return bool(pattern) and (
+            pattern == str(self.number) or go_match(pattern, self.description)
+        )
 
 
 def in_use(types: Iterable[BalloonType]) -> bool:
