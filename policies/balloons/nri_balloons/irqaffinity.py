@@ -3,12 +3,13 @@
 
 The plugin writes no procfs: the SST helper lists the IRQs
 (:class:`~nri_sst.messages.ListInterrupts`) and writes their affinities
-(:class:`~nri_sst.messages.SetIrqAffinity`). The list is asked for when the
-plugin starts (before its configuration is validated, so a claim on a denied
-IRQ is refused with upstream's error) and, when the helper was away then, by
-the first commit that needs it; such a configuration is already running, so
-its denied claims are logged as errors (they are never applied either way:
-only controllable, allowed IRQs are written). After each decision the policy
+(:class:`~nri_sst.messages.SetIrqAffinity`). The list is asked for only
+when a configuration uses ``irqClaim``/``irqMode``: before it is applied (at
+start or on a reload; a claim on a denied IRQ is refused with upstream's
+error) and, when the helper did not answer then, by the first commit that
+needs it; such a configuration is already running, so its denied claims are
+logged as errors (they are never applied either way: only controllable,
+allowed IRQs are written). After each decision the policy
 computes the affinities (:func:`new_affinities`) and :meth:`IrqAffinity.commit_steps`
 sends the changed ones in one request.
 """
@@ -70,8 +71,9 @@ def new_affinities(
     """The affinity of each IRQ that changes (reference §11): the claiming
     balloons' CPUs, else the sinks', else (an IRQ with an allowed CPU)
     ``(current | allowed) - isolate`` with isolate balloons, else ``allowed``.
-    Empty balloons count for nothing."""
-    live = [(t, cpus) for t, cpus in balloons if cpus]
+    Empty balloons count for nothing: every rule is a union of balloons'
+    CPUs, to which an empty balloon adds none."""
+    live = list(balloons)
     sink = isolate = 0
     for t, cpus in live:
         if t.irq_mode == SINK:

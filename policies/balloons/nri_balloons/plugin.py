@@ -36,7 +36,7 @@ from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
-from nri_balloons import cpupriority, scheduling
+from nri_balloons import cpupriority, irqaffinity, scheduling
 from nri_balloons.busyfreq import BusyFrequency
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
@@ -65,11 +65,12 @@ PROBE_INTERVAL = 5.0
 """Seconds between checks that the SST helper is still the process SST was
 programmed on (a restarted helper may come back with SST reset)."""
 CONFIG_TIMEOUT = 1.0
-IRQ_LIST_TIMEOUT = 0.25
-"""Seconds ``policy_start`` waits for the helper's IRQ list (the start-up
-discovery has waited for the helper already; an absent one is listed later)."""
 """Per helper request off the reply path: the background's commits, and the
 configuration applied at start-up before the event loop runs."""
+IRQ_LIST_TIMEOUT = 0.25
+"""Seconds ``policy_start`` waits for the helper's IRQ list when its
+configuration uses ``irqClaim``/``irqMode`` (the start-up discovery has waited
+for the helper already; an absent one is listed later)."""
 RETRY_MIN = 0.5
 RETRY_MAX = 10.0
 """Seconds between background commits while the SST helper is away (doubling)."""
@@ -176,6 +177,11 @@ class Balloons:
         self.report_late_denied_claims()
         return ok
 
+    def helper_writer(self, endpoint: str) -> Writer:
+        """The writer of ``--sst-helper`` (the unit tests' in-process helper
+        stands in for its socket here)."""
+        return HelperWriter(endpoint)
+
     def policy_writer(self) -> Writer:
         assert self.policy is not None
         return self.policy.cpu_classes.writer
@@ -186,13 +192,41 @@ class Balloons:
         if not self.irq.listed_late or self.policy is None or self.policy.config is None:
             return
         self.irq.listed_late = False
+        for error in first_few(self.denied_claims(self.policy.config)):
+            log.error("%s", error)
+
+    def denied_claims(self, prepared: PreparedConfig) -> list[str]:
+        """The configuration's claims on IRQs ``controllableInterrupts`` denies
+        (upstream's validation errors), against the IRQs listed last."""
+        assert self.policy is not None
         result = validate(
-            self.policy.config.spec,
+            prepared.spec,
             online_cpus=self.policy.topology.online,
             interrupts=self.irq.descriptions(),
         )
-        for error in first_few([e for e in result.errors if e.startswith("invalid irqclaim")]):
-            log.error("%s", error)
+        return [e for e in result.errors if e.startswith("invalid irqclaim")]
+
+    def check_irq_claims(self, prepared: PreparedConfig, wait: Wait) -> None:
+        """A configuration that uses ``irqClaim``/``irqMode`` while the IRQs are
+        not known yet (``prepare`` checked its claims without them): the list
+        is asked for now, within ``wait``, and a claim on a denied IRQ refuses
+        the configuration. Nothing is asked for a configuration without IRQ
+        options. A helper that does not answer now: the commit lists them
+        later (the denied claims are then logged)."""
+        assert self.policy is not None
+        writer = self.policy_writer()
+        if (
+            self.irq.irqs is not None
+            or isinstance(writer, NullWriter)
+            or not irqaffinity.in_use(prepared.balloon_types)
+        ):
+            return
+        timeout = IRQ_LIST_TIMEOUT if wait.budget is None else None
+        if not exchange(self.irq.list_steps(timeout), writer, wait.budget):
+            return
+        denied = self.denied_claims(prepared)
+        if denied:
+            raise PolicyError("; ".join(first_few(denied)))
 
     def _start_background(self, probe: bool = False) -> None:
         if self.background is None:
@@ -314,7 +348,7 @@ class Balloons:
         """irqClaim/irqMode without ``--sst-helper``: say once that IRQs are left alone."""
         assert self.policy is not None
         if (
-            any(t.irq_claim or t.irq_mode for t in prepared.balloon_types)
+            irqaffinity.in_use(prepared.balloon_types)
             and isinstance(self.policy.cpu_classes.writer, NullWriter)
             and not self.no_helper_irq_warned
         ):
@@ -330,7 +364,9 @@ class Balloons:
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
         self.warn_no_helper_irqs(prepared)
-        wait = self._reply_path(reconfigures=True)
+        wait = self._reply_path()
+        self.check_irq_claims(prepared, wait)
+        self._stop_background()
         try:
             self.policy.set_config(prepared, wait)
         except BalloonsError as exc:
@@ -359,7 +395,9 @@ class Balloons:
             for c in self.host.containers.values()
             if c.state != ContainerState.STOPPED
         ]
-        wait = self._reply_path(reconfigures=True)
+        wait = self._reply_path()
+        self.check_irq_claims(prepared, wait)
+        self._stop_background()
         try:
             self.policy.reconfigure(prepared, running, wait)
         except BalloonsError as exc:
@@ -398,7 +436,7 @@ class Balloons:
         writer: Writer
         if endpoint:
             log.info("cpuClasses are applied through the SST helper at %s", endpoint)
-            writer = HelperWriter(endpoint)
+            writer = self.helper_writer(endpoint)
         else:
             writer = NullWriter()
         topology = Topology.from_sysfs(host.host_root)
@@ -410,9 +448,6 @@ class Balloons:
         # programmed but no CPU re-associated (a restarted plugin would send
         # running HP pods' CPUs to the idle class meanwhile)
         self.policy.cpu_classes.pct.hold = True
-        if endpoint:
-            # the IRQs before the configuration: its irqClaim check needs them
-            exchange(self.irq.list_steps(IRQ_LIST_TIMEOUT), writer)
         path = self.options.config_file
         if path:
             try:
