@@ -18,11 +18,12 @@ from nri_sst import PROTOCOL_VERSION, validate
 from nri_sst import messages as m
 from nri_sst.backends.base import MSR_APERF, MSR_MPERF, MSR_TSC, Backend
 from nri_sst.hostfs import Machine, SysfsError, SysfsWriter, discover_machine
+from nri_sst.interrupts import Interrupts, IrqWriteError
 from nri_sst.sst_platform import SstPlatform
 
 log = logging.getLogger("nri_sst")
 
-CAPABILITIES = ["sst-cp", "sst-tf", "cstates", "cpufreq", "uncore", "aperf-mperf"]
+CAPABILITIES = ["sst-cp", "sst-tf", "cstates", "cpufreq", "uncore", "aperf-mperf", "irq"]
 MAX_PEERS = 1024
 
 
@@ -68,6 +69,7 @@ class RequestHandler:
         self.machine: Machine = discover_machine(self.host_root)
         self.platform = SstPlatform(backend, self.machine)
         self.writer = SysfsWriter(self.machine)
+        self.interrupts: Interrupts = backend.interrupts(self.machine)
         self.managed = False
         """True after PrepareManagedMode until Teardown: SIGTERM then resets SST."""
         self.peers = PeerTable()
@@ -208,6 +210,13 @@ class RequestHandler:
         if isinstance(req, m.ReadFrequency):
             cpus = validate.cpus(mc, req.cpus)
             return self.read_frequency(cpus, req.clos), False
+        if isinstance(req, m.ListInterrupts):
+            return m.ListInterruptsReply(
+                interrupts=self.interrupts.read(),
+                default_affinity=self.interrupts.default_affinity(),
+            ), False
+        if isinstance(req, m.SetIrqAffinity):
+            return self.set_irq_affinity(req), True
         raise m.HelperError("unknown-message", f"unhandled request {type(req).__name__}")
 
     # ------------------------------------------------------------------ operations
@@ -245,6 +254,22 @@ class RequestHandler:
                 for u in sorted(self.machine.uncore.values(), key=lambda u: (u.package, u.die))
             ],
         )
+
+    def set_irq_affinity(self, req: m.SetIrqAffinity) -> m.SetIrqAffinityReply:
+        """Validated against the kernel's list as it is now, then written in
+        IRQ order; a write the kernel refuses ends the batch (what was written
+        before stays, as with every sysfs knob) with ``hardware-error``."""
+        known = {i.number: i for i in self.interrupts.read()}
+        batch = validate.irq_affinity(self.machine, known, req)
+        done: dict[int, list[int]] = {}
+        for irq, cpus in batch:
+            try:
+                done[irq] = self.interrupts.set_affinity(irq, cpus)
+            except IrqWriteError as exc:
+                written = f" (written before it: {sorted(done)})" if done else ""
+                raise m.HelperError("hardware-error", f"{exc}{written}") from None
+        log.info("irq: set the affinity of %d IRQs", len(done))
+        return m.SetIrqAffinityReply(affinities=done)
 
     def teardown(self) -> None:
         """CPReset, then TF disable, then CP disable on every package."""

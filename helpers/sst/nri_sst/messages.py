@@ -27,6 +27,12 @@ MAX_MESSAGE_SIZE = 64 * 1024
 """Largest request payload the helper decodes (checked before decoding)."""
 
 CLOS_COUNT = 4
+MAX_IRQ_BATCH = 1024
+"""Most IRQs one :class:`SetIrqAffinity` may name (all its groups together)."""
+MAX_INTERRUPTS = 4096
+"""Most IRQs a :class:`ListInterruptsReply` lists (the lowest numbers)."""
+MAX_IRQ_DESCRIPTION = 256
+"""Characters of an IRQ's description a :class:`ListInterruptsReply` keeps."""
 CLOS_NO_LIMIT_KHZ = 25_500_000
 """CLOS max of 25500 MHz = "no limit" (intel-speed-select: "Max Turbo frequency")."""
 
@@ -162,6 +168,27 @@ class PunitTF(msgspec.Struct, frozen=True):
     enabled: bool
 
 
+class Interrupt(msgspec.Struct, frozen=True):
+    """One numbered IRQ of ``/proc/interrupts`` (:class:`ListInterrupts`)."""
+
+    number: int
+    description: str
+    """What follows the per-CPU counters on its ``/proc/interrupts`` line
+    (chip, hwirq, trigger, device: ``IR-IO-APIC 4-edge ttyS0``)."""
+    affinity: list[int]
+    """Its ``smp_affinity_list`` now."""
+    writable: bool
+    """Controllable: its affinity can be written (not per-CPU, not managed by
+    the kernel, not found read-only)."""
+
+
+class IrqGroup(msgspec.Struct, frozen=True):
+    """IRQs that get the same CPUs (:class:`SetIrqAffinity`)."""
+
+    irqs: list[int]
+    cpus: list[int]
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -255,6 +282,18 @@ class ReadFrequency(_Msg, frozen=True, tag="read-frequency"):
     clos: bool = False
 
 
+class ListInterrupts(_Msg, frozen=True, tag="list-interrupts"):
+    """Every numbered IRQ with its description, affinity and whether it is controllable."""
+
+
+class SetIrqAffinity(_Msg, frozen=True, tag="set-irq-affinity"):
+    """Write ``smp_affinity_list`` of each IRQ of each group: at most
+    :data:`MAX_IRQ_BATCH` IRQs in all, each once, each existing and writable,
+    each CPU set non-empty and online. A refused request writes nothing."""
+
+    groups: list[IrqGroup]
+
+
 Request = (
     Hello
     | Discover
@@ -270,6 +309,8 @@ Request = (
     | SetCpufreq
     | SetUncore
     | ReadFrequency
+    | ListInterrupts
+    | SetIrqAffinity
 )
 
 
@@ -362,6 +403,17 @@ class ReadFrequencyReply(_Msg, frozen=True, tag="read-frequency-reply"):
     is supported), else empty."""
 
 
+class ListInterruptsReply(_Msg, frozen=True, tag="list-interrupts-reply"):
+    interrupts: list[Interrupt]
+    default_affinity: list[int]
+    """``/proc/irq/default_smp_affinity`` (for information; never written)."""
+
+
+class SetIrqAffinityReply(_Msg, frozen=True, tag="set-irq-affinity-reply"):
+    affinities: dict[int, list[int]]
+    """IRQ -> its ``smp_affinity_list`` as read back after the write."""
+
+
 class ErrorReply(_Msg, frozen=True, tag="error"):
     code: ErrorCode
     message: str
@@ -382,6 +434,8 @@ Reply = (
     | SetCpufreqReply
     | SetUncoreReply
     | ReadFrequencyReply
+    | ListInterruptsReply
+    | SetIrqAffinityReply
     | ErrorReply
 )
 
@@ -400,6 +454,8 @@ REPLY_FOR: dict[type[_Msg], type[_Msg]] = {
     SetCpufreq: SetCpufreqReply,
     SetUncore: SetUncoreReply,
     ReadFrequency: ReadFrequencyReply,
+    ListInterrupts: ListInterruptsReply,
+    SetIrqAffinity: SetIrqAffinityReply,
 }
 """The one typed reply of each request (besides :class:`ErrorReply`)."""
 

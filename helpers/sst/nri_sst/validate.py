@@ -182,6 +182,34 @@ def uncore(machine: Machine, req: m.SetUncore, now: Callable[[int, int], tuple[i
         raise _bad(f"max_khz {req.max_khz} is smaller than min_khz {cur_min} (min_freq_khz now)")
 
 
+def irq_affinity(
+    machine: Machine, known: dict[int, m.Interrupt], req: m.SetIrqAffinity
+) -> list[tuple[int, list[int]]]:
+    """The whole batch before any write: at most ``MAX_IRQ_BATCH`` IRQs, each
+    named once, listed by the kernel and controllable (writable, not per-CPU),
+    each CPU set non-empty and online. ``(irq, cpus)`` in IRQ order."""
+    count = sum(len(g.irqs) for g in req.groups)
+    if count > m.MAX_IRQ_BATCH:
+        raise _bad(f"groups: {count} IRQs exceed the limit of {m.MAX_IRQ_BATCH} per request")
+    out: dict[int, list[int]] = {}
+    for group in req.groups:
+        cpus_ = cpus(machine, group.cpus)
+        for v in group.irqs:
+            irq = _int("irqs", v)
+            if irq in out:
+                raise _bad(f"irqs: irq {irq} named more than once")
+            info = known.get(irq)
+            if info is None:
+                raise _bad(f"irqs: no irq {irq} in /proc/interrupts")
+            if not info.writable:
+                raise _bad(
+                    f"irqs: irq {irq} ({info.description}) is not controllable "
+                    "(per-CPU, kernel-managed or read-only affinity)"
+                )
+            out[irq] = cpus_
+    return sorted(out.items())
+
+
 def hello(req: m.Hello) -> None:
     from nri_sst import PROTOCOL_VERSION
 

@@ -14,11 +14,6 @@ def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
     """One warning per unimplemented feature the configuration uses."""
     out: list[str] = []
     for bt in spec.balloon_types:
-        if bt.irq_claim or bt.irq_mode:
-            out.append(
-                f"balloon type {bt.name!r}: irqClaim/irqMode are not implemented yet; "
-                "interrupt affinities are left as they are"
-            )
         if bt.memory_types:
             out.append(
                 f"balloon type {bt.name!r}: memoryTypes are not implemented yet; "

@@ -36,7 +36,7 @@ from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
-from nri_balloons import cpupriority, scheduling
+from nri_balloons import cpupriority, irqaffinity, scheduling
 from nri_balloons.busyfreq import BusyFrequency
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
@@ -45,9 +45,18 @@ from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.endpoint import asked_endpoint
 from nri_balloons.extres import extended_resources
 from nri_balloons.features import unimplemented
+from nri_balloons.irqaffinity import IrqAffinity
 from nri_balloons.nrt import zones
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
-from nri_balloons.sstlink import REPLY_BUDGET, Budget, Steps, T, Wait, exchange_async
+from nri_balloons.sstlink import (
+    REPLY_BUDGET,
+    Budget,
+    Steps,
+    T,
+    Wait,
+    exchange,
+    exchange_async,
+)
 from nri_balloons.validation import PreparedConfig, validate
 
 __version__ = "0.1.0"
@@ -58,10 +67,14 @@ programmed on (a restarted helper may come back with SST reset)."""
 CONFIG_TIMEOUT = 1.0
 """Per helper request off the reply path: the background's commits, and the
 configuration applied at start-up before the event loop runs."""
+IRQ_LIST_TIMEOUT = 0.25
+"""Seconds ``policy_start`` waits for the helper's IRQ list when its
+configuration uses ``irqClaim``/``irqMode`` (the start-up discovery has waited
+for the helper already; an absent one is listed later)."""
 RETRY_MIN = 0.5
 RETRY_MAX = 10.0
 """Seconds between background commits while the SST helper is away (doubling)."""
-ALL_LOGGERS = ("policy", "cpuclass", "nri_framework")
+ALL_LOGGERS = ("policy", "cpuclass", "irq", "nri_framework")
 MAX_REPORTED = 20
 """Errors (and warnings) of one configuration that are reported."""
 
@@ -101,6 +114,9 @@ class Balloons:
         self.sst_missed = False
         """the SST helper was away at start: its CPU priorities may come later"""
         self.rediscovery: asyncio.Task[None] | None = None
+        self.irq = IrqAffinity()
+        """IRQ affinities (irqClaim, irqMode), written through the helper"""
+        self.no_helper_irq_warned = False
 
     # -- cpuClasses and the SST helper ----------------------------------------------
     #
@@ -134,6 +150,7 @@ class Balloons:
         if self.policy is None or self.background is not None:
             return
         ok = self.policy.cpu_classes.commit(wait)
+        ok = self.commit_irqs(wait) and ok
         loop = _running_loop()
         if loop is None:
             return
@@ -141,6 +158,80 @@ class Balloons:
             self.probe = loop.call_later(PROBE_INTERVAL, self._probe)
         if not ok:
             self._start_background()
+
+    def decide_irqs(self) -> None:
+        """The IRQ affinities the balloons want now (reference §11)."""
+        assert self.policy is not None
+        prepared = self.policy.config
+        if prepared is None:
+            return
+        self.irq.decide(
+            prepared.balloon_types,
+            [(b.bdef, b.cpus) for b in self.policy.balloons],
+            self.policy.allowed,
+            prepared.spec.controllable_interrupts,
+        )
+
+    def commit_irqs(self, wait: Wait) -> bool:
+        """Write the IRQ affinities of the decision that just ran (one request
+        within the hook's ``wait``); False: left to the background."""
+        if isinstance(self.policy_writer(), NullWriter):
+            return True
+        self.decide_irqs()
+        ok = exchange(self.irq.commit_steps(wait.timeout), self.policy_writer(), wait.budget)
+        self.report_late_denied_claims()
+        return ok
+
+    def helper_writer(self, endpoint: str) -> Writer:
+        """The writer of ``--sst-helper`` (the unit tests' in-process helper
+        stands in for its socket here)."""
+        return HelperWriter(endpoint)
+
+    def policy_writer(self) -> Writer:
+        assert self.policy is not None
+        return self.policy.cpu_classes.writer
+
+    def report_late_denied_claims(self) -> None:
+        """IRQs listed only after the configuration was applied (the helper was
+        away): its claims on denied IRQs are reported now, as errors."""
+        if not self.irq.listed_late or self.policy is None or self.policy.config is None:
+            return
+        self.irq.listed_late = False
+        for error in first_few(self.denied_claims(self.policy.config)):
+            log.error("%s", error)
+
+    def denied_claims(self, prepared: PreparedConfig) -> list[str]:
+        """The configuration's claims on IRQs ``controllableInterrupts`` denies
+        (upstream's validation errors), against the IRQs listed last."""
+        assert self.policy is not None
+        result = validate(
+            prepared.spec,
+            online_cpus=self.policy.topology.online,
+            interrupts=self.irq.descriptions(),
+        )
+        return [e for e in result.errors if e.startswith("invalid irqclaim")]
+
+    def check_irq_claims(self, prepared: PreparedConfig, wait: Wait) -> None:
+        """A configuration that uses ``irqClaim``/``irqMode`` while the IRQs are
+        not known yet (``prepare`` checked its claims without them): the list
+        is asked for now, within ``wait``, and a claim on a denied IRQ refuses
+        the configuration. Nothing is asked for a configuration without IRQ
+        options. A helper that does not answer now: the commit lists them
+        later (the denied claims are then logged)."""
+        assert self.policy is not None
+        writer = self.policy_writer()
+        if (
+            self.irq.irqs is not None
+            or isinstance(writer, NullWriter)
+            or not irqaffinity.in_use(prepared.balloon_types)
+        ):
+            return
+        timeout = IRQ_LIST_TIMEOUT if wait.budget is None else None
+        if not exchange(self.irq.list_steps(timeout), writer, wait.budget):
+            return
+        denied = self.denied_claims(prepared)
+        if denied:
+            raise PolicyError("; ".join(first_few(denied)))
 
     def _start_background(self, probe: bool = False) -> None:
         if self.background is None:
@@ -177,8 +268,12 @@ class Balloons:
             if probe and not await self._exchange(handler.pct.probe_steps()):
                 return
             while True:
-                if await self._exchange(handler.commit_steps(CONFIG_TIMEOUT)):
-                    if not handler.unsettled():
+                done = await self._exchange(handler.commit_steps(CONFIG_TIMEOUT))
+                self.decide_irqs()
+                done = await self._exchange(self.irq.commit_steps(CONFIG_TIMEOUT)) and done
+                self.report_late_denied_claims()
+                if done:
+                    if not handler.unsettled() and not self.irq.unsettled():
                         # PCT is settled now: what the agent publishes from it
                         # (extended resources, NRT) is due again
                         if self.host is not None:
@@ -226,7 +321,9 @@ class Balloons:
             doc = load_policy(text, source=source)
         except ConfigError as exc:
             raise PolicyError("\n".join(first_few(exc.errors))) from None
-        result = validate(doc, online_cpus=self.policy.topology.online)
+        result = validate(
+            doc, online_cpus=self.policy.topology.online, interrupts=self.irq.descriptions()
+        )
         for warning in first_few([*result.warnings, *unimplemented(doc.spec)]):
             log.warning("%s", warning)
         if result.prepared is None:
@@ -265,12 +362,29 @@ class Balloons:
                 "their frequencies, C-states and uncore limits are not applied"
             )
 
+    def warn_no_helper_irqs(self, prepared: PreparedConfig) -> None:
+        """irqClaim/irqMode without ``--sst-helper``: say once that IRQs are left alone."""
+        assert self.policy is not None
+        if (
+            irqaffinity.in_use(prepared.balloon_types)
+            and isinstance(self.policy.cpu_classes.writer, NullWriter)
+            and not self.no_helper_irq_warned
+        ):
+            self.no_helper_irq_warned = True
+            log.warning(
+                "irqClaim/irqMode are configured but there is no SST helper (--sst-helper): "
+                "IRQ affinity is written through the helper; interrupts are left as they are"
+            )
+
     def apply(self, prepared: PreparedConfig) -> None:
         """Set ``prepared`` up (the helper exchanges within the hook's context)."""
         assert self.policy is not None
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
-        wait = self._reply_path(reconfigures=True)
+        self.warn_no_helper_irqs(prepared)
+        wait = self._reply_path()
+        self.check_irq_claims(prepared, wait)
+        self._stop_background()
         try:
             self.policy.set_config(prepared, wait)
         except BalloonsError as exc:
@@ -292,13 +406,16 @@ class Balloons:
             prepared = self.prepare(text, source)
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
+        self.warn_no_helper_irqs(prepared)
         pods = self.host.pods
         running = [
             (pods.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id), c)
             for c in self.host.containers.values()
             if c.state != ContainerState.STOPPED
         ]
-        wait = self._reply_path(reconfigures=True)
+        wait = self._reply_path()
+        self.check_irq_claims(prepared, wait)
+        self._stop_background()
         try:
             self.policy.reconfigure(prepared, running, wait)
         except BalloonsError as exc:
@@ -337,7 +454,7 @@ class Balloons:
         writer: Writer
         if endpoint:
             log.info("cpuClasses are applied through the SST helper at %s", endpoint)
-            writer = HelperWriter(endpoint)
+            writer = self.helper_writer(endpoint)
         else:
             writer = NullWriter()
         topology = Topology.from_sysfs(host.host_root)

@@ -20,7 +20,7 @@ cpuClasses:
 """
     ).spec
     warnings = unimplemented(spec)
-    assert any("irqClaim/irqMode are not implemented" in w for w in warnings)
+    assert not any("irqClaim" in w for w in warnings)  # IRQ claims are implemented
     assert any("memoryTypes are not implemented" in w for w in warnings)
     assert any("['podresourceapi:*.com/nic']" in w for w in warnings)
     assert any("agent.podResourceAPI" in w for w in warnings)

@@ -22,6 +22,8 @@ REQUESTS: list[m.Request] = [
     m.SetUncore(package=0, die=0, min_khz=800_000, max_khz=2_000_000),
     m.ReadFrequency(cpus=[0]),
     m.ReadFrequency(cpus=[0, 1], clos=True),
+    m.ListInterrupts(),
+    m.SetIrqAffinity(groups=[m.IrqGroup(irqs=[4, 8], cpus=[0, 1])]),
 ]
 
 CLOS = m.ClosConfig(clos=0, min_khz=0, max_khz=25_500_000, proportional_priority=0)
@@ -75,6 +77,11 @@ REPLIES: list[m.Reply] = [
         backend="sim",
         punits=[m.PunitClos(package=0, punit=1, cp_enabled=True, clos=[CLOS])],
     ),
+    m.ListInterruptsReply(
+        interrupts=[m.Interrupt(4, "IR-IO-APIC 4-edge ttyS0", [0, 1], True)],
+        default_affinity=[0, 1],
+    ),
+    m.SetIrqAffinityReply(affinities={4: [1]}),
     m.ErrorReply(code="invalid-argument", message="no"),
 ]
 

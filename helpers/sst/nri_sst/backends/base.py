@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from nri_sst.hostfs import Machine
+from nri_sst.interrupts import Interrupts, ProcInterrupts
 
 MSR_TSC = 0x10
 MSR_PM_LOGICAL_ID = 0x54
@@ -159,3 +160,8 @@ class Backend(ABC):
 
     def sysfs_changed(self, cpus: list[int]) -> None:  # noqa: B027 - optional hook
         """The helper wrote cpufreq/cpuidle sysfs of ``cpus`` (the sim re-reads limits)."""
+
+    def interrupts(self, machine: Machine) -> Interrupts:
+        """The IRQs the helper lists and writes: the host's procfs under the
+        host root (the sim models its own)."""
+        return ProcInterrupts(machine.root)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nri_sst import messages as m
 from nri_sst.backends.base import (
     MSR_APERF,
     MSR_MPERF,
@@ -53,9 +54,39 @@ from nri_sst.backends.base import (
     TurboFreqInfo,
 )
 from nri_sst.hostfs import Machine, SysfsWriter
+from nri_sst.interrupts import Interrupts, IrqWriteError
 
 MODULES_PER_PUNIT_MAX = 64  # 4 CLOS_ASSOC registers x 16 cores (sst.md §1.9)
 LOG_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class SimIrq:
+    """One IRQ of the model's ``/proc/interrupts``."""
+
+    number: int
+    description: str
+    per_cpu: bool = False
+    """Per-CPU or kernel-managed: a write fails with ``EIO`` (listed not writable)."""
+
+
+SERVER_IRQS: tuple[SimIrq, ...] = (
+    SimIrq(0, "IR-IO-APIC 2-edge timer", per_cpu=True),
+    SimIrq(4, "IR-IO-APIC 4-edge ttyS0"),
+    SimIrq(8, "IR-IO-APIC 8-edge rtc0"),
+    SimIrq(9, "IR-IO-APIC 9-fasteoi acpi"),
+    SimIrq(16, "IR-IO-APIC 16-fasteoi i801_smbus"),
+    SimIrq(24, "DMAR-MSI 0-edge dmar0"),
+    SimIrq(40, "IR-PCI-MSIX-0000:16:00.0 0-edge nvme0q0"),
+    SimIrq(41, "IR-PCI-MSIX-0000:16:00.0 1-edge nvme0q1", per_cpu=True),
+    SimIrq(42, "IR-PCI-MSIX-0000:16:00.0 2-edge nvme0q2", per_cpu=True),
+    SimIrq(64, "IR-PCI-MSIX-0000:17:00.0 0-edge eth0"),
+    SimIrq(65, "IR-PCI-MSIX-0000:17:00.0 1-edge eth0-TxRx-0"),
+    SimIrq(66, "IR-PCI-MSIX-0000:17:00.0 2-edge eth0-TxRx-1"),
+    SimIrq(67, "IR-PCI-MSIX-0000:17:00.0 3-edge eth0-TxRx-2"),
+    SimIrq(68, "IR-PCI-MSIX-0000:17:00.0 4-edge eth0-TxRx-3"),
+)
+"""A server's IRQs: the timer and the NVMe I/O queues are not controllable."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +129,8 @@ class SimConfig:
     cpuinfo_max_khz: int = 4_600_000
     never_online: tuple[int, ...] = ()
     """CPUs never onlined since module load: GET_PHY_ID returns 0 (§5.5.4)."""
+    interrupts: tuple[SimIrq, ...] = SERVER_IRQS
+    """The model's ``/proc/interrupts``; every affinity starts as every online CPU."""
 
     @property
     def cores_per_package(self) -> int:
@@ -287,6 +320,9 @@ class SimBackend(Backend):
 
     def tsc_mhz(self) -> int:
         return self.config.tsc_mhz
+
+    def interrupts(self, machine: Machine) -> Interrupts:
+        return SimInterrupts(self, machine)
 
     # ------------------------------------------------------------------ ioctls
 
@@ -572,3 +608,46 @@ class SimBackend(Backend):
         if self._stale:
             self._recompute()
         return int(self.state["cpus"]["max_mhz"][cpu])
+
+
+class SimInterrupts(Interrupts):
+    """The model's ``/proc/irq``: affinities in the sim's state (``irqs``: IRQ
+    number -> CPUs, saved with the rest), written as the kernel does: the CPUs
+    are kept as given (``smp_affinity_list`` reads back what was written), a
+    per-CPU IRQ refuses with ``EIO``, a set without an online CPU with ``EINVAL``."""
+
+    def __init__(self, sim: SimBackend, machine: Machine) -> None:
+        self.sim = sim
+        self.online = sorted(machine.online)
+        self.irqs = {i.number: i for i in sim.config.interrupts}
+        state: dict[str, list[int]] = sim.state.setdefault("irqs", {})
+        for num in self.irqs:
+            state.setdefault(str(num), list(self.online))
+
+    def read(self) -> list[m.Interrupt]:
+        state = self.sim.state["irqs"]
+        return [
+            m.Interrupt(
+                number=num,
+                description=irq.description[: m.MAX_IRQ_DESCRIPTION],
+                affinity=list(state[str(num)]),
+                writable=not irq.per_cpu,
+            )
+            for num, irq in sorted(self.irqs.items())
+        ][: m.MAX_INTERRUPTS]
+
+    def default_affinity(self) -> list[int]:
+        return list(self.online)
+
+    def set_affinity(self, irq: int, cpus: list[int]) -> list[int]:
+        info = self.irqs.get(irq)
+        if info is None:
+            raise IrqWriteError(f"irq {irq}: no such IRQ: {os.strerror(errno.ENOENT)}")
+        if info.per_cpu:
+            raise IrqWriteError(f"irq {irq}: {os.strerror(errno.EIO)}")
+        effective = sorted(set(cpus) & set(self.online))
+        if not effective:
+            raise IrqWriteError(f"irq {irq}: {os.strerror(errno.EINVAL)}")
+        self.sim.state["irqs"][str(irq)] = effective
+        self.sim._log("irq-affinity", irq=irq, cpus=len(effective))
+        return list(effective)
