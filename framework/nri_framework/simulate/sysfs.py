@@ -337,8 +337,8 @@ def _node_distance(spec: TopologySpec, n: int, m: int) -> int:
             return spec.distance_same_package
         return spec.distance_other_package
     for a, b in ((n, m), (m, n)):
-        if a >= cpu_nodes and b in spec.memory_nodes[a - cpu_nodes].distances:
-            return spec.memory_nodes[a - cpu_nodes].distances[b]
+        if a >= cpu_nodes and (d := spec.memory_nodes[a - cpu_nodes].distance(b)) is not None:
+            return d
     return spec.distance_other_package
 
 

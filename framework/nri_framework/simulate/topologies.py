@@ -134,9 +134,12 @@ class MemoryNodeSpec:
     nodes with CPUs in the order given."""
 
     mem_kb: int
-    distances: Mapping[int, int] = field(default_factory=dict)
-    """Node id -> distance, symmetric (upstream's ``node-dist``); nodes not named
-    are at ``distance_other_package``."""
+    distances: tuple[tuple[int, int], ...] = ()
+    """``(node id, distance)`` pairs, symmetric (upstream's ``node-dist``); nodes
+    not named are at ``distance_other_package``."""
+
+    def distance(self, node: int) -> int | None:
+        return next((d for n, d in self.distances if n == node), None)
 
 
 @dataclass(frozen=True)
@@ -366,10 +369,10 @@ N6_HBM_CXL = TopologySpec(
     threads_per_core=2,
     numbering="qemu",
     memory_nodes=(
-        MemoryNodeSpec(1024 * 1024, {0: 15, 1: 30, 3: 35}),
-        MemoryNodeSpec(1024 * 1024, {0: 30, 1: 15, 2: 35}),
-        MemoryNodeSpec(4 * 1024 * 1024, {0: 60, 1: 70, 2: 62, 3: 72, 5: 75}),
-        MemoryNodeSpec(4 * 1024 * 1024, {0: 70, 1: 60, 2: 72, 3: 62, 4: 75}),
+        MemoryNodeSpec(1024 * 1024, ((0, 15), (1, 30), (3, 35))),
+        MemoryNodeSpec(1024 * 1024, ((0, 30), (1, 15), (2, 35))),
+        MemoryNodeSpec(4 * 1024 * 1024, ((0, 60), (1, 70), (2, 62), (3, 72), (5, 75))),
+        MemoryNodeSpec(4 * 1024 * 1024, ((0, 70), (1, 60), (2, 72), (3, 62), (4, 75))),
     ),
 )
 """Upstream's ``balloons/n6-hbm-cxl/topology.var.json``: 2 packages of one
