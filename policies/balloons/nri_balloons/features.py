@@ -19,11 +19,6 @@ def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
                 f"balloon type {bt.name!r}: irqClaim/irqMode are not implemented yet; "
                 "interrupt affinities are left as they are"
             )
-        if bt.memory_types:
-            out.append(
-                f"balloon type {bt.name!r}: memoryTypes are not implemented yet; "
-                "memory is pinned to the NUMA nodes closest to the balloon's CPUs"
-            )
         podres = [d for d in bt.prefer_close_to_devices if d.startswith(PODRES_PREFIX)]
         if podres:
             out.append(

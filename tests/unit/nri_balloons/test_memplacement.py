@@ -168,3 +168,20 @@ def test_policy_pins_memory_by_type_annotation_and_pin_memory() -> None:
     assert got["c1"][1] == f"{hbm},{pmem}"  # the type's memoryTypes
     assert got["c2"][1] == ""  # pinMemory: false sets no mems
 
+
+
+def test_a_farther_node_of_the_type_is_not_added() -> None:
+    # libmem newCloseNodesOfType: node 0's nearest HBM (2, at 15) is kept; node
+    # 1's nearest (3, at 30) is farther than that, so it is not added
+    lopsided = dataclasses.replace(
+        N6_HBM_CXL,
+        name="n6-lopsided",
+        memory_nodes=(
+            MemoryNodeSpec(1 << 20, ((0, 15), (1, 40), (3, 35))),
+            MemoryNodeSpec(1 << 20, ((0, 35), (1, 30), (2, 35))),
+            *N6_HBM_CXL.memory_nodes[2:],
+        ),
+    )
+    topo = topology(lopsided)
+    assert nodes(topo, PKG0 | PKG1, "hbm") == "2"
+    assert nodes(topo, PKG1, "hbm") == "3"
