@@ -55,9 +55,7 @@ def test_closest_nodes_of_each_type(types: str, pkg0: str, pkg1: str) -> None:
     assert nodes(topo, PKG0, types) == pkg0
     assert nodes(topo, PKG1, types) == pkg1
     # CPUs on both packages: the closest of each type to either node
-    assert nodes(topo, PKG0 | PKG1, types) == cpuset.format(
-        cpuset.parse(pkg0) | cpuset.parse(pkg1)
-    )
+    assert nodes(topo, PKG0 | PKG1, types) == cpuset.format(cpuset.parse(pkg0) | cpuset.parse(pkg1))
 
 
 def test_the_distance_decides_not_the_node_id() -> None:
@@ -167,7 +165,6 @@ def test_policy_pins_memory_by_type_annotation_and_pin_memory() -> None:
     assert got["c0"][1] == hbm  # the annotation overrides the type's memoryTypes
     assert got["c1"][1] == f"{hbm},{pmem}"  # the type's memoryTypes
     assert got["c2"][1] == ""  # pinMemory: false sets no mems
-
 
 
 def test_a_farther_node_of_the_type_is_not_added() -> None:
