@@ -37,6 +37,12 @@ def test_parse_types() -> None:
         assert str(info.value) == f'libmem: invalid type: "{bad}"'
 
 
+def test_a_huge_type_list_is_refused_with_a_short_error() -> None:
+    with pytest.raises(ValueError) as info:
+        parse_types("hbm," * 50_000)
+    assert len(str(info.value)) < 120 and "(too long)" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("types", "pkg0", "pkg1"),
     [
