@@ -52,13 +52,21 @@ ORDER = (MemoryType.DRAM, MemoryType.PMEM, MemoryType.HBM)
 """libmem's type order (its bit order): expansion and fallbacks go in it."""
 
 
+MAX_TYPES_TEXT = 64
+"""The longest memory-type list parsed (every type, spaced, is under 20 characters):
+an annotation is the pod owner's input, as long as the API server allows."""
+
+
 class MemoryPlacementError(ValueError):
     """No memory zone can be found for a request (upstream libmem's error)."""
 
 
 def parse_types(text: str) -> frozenset[MemoryType]:
     """libmem ``ParseTypeMask``: comma-separated names, any case, spaces trimmed;
-    one unknown name fails the whole text (``libmem: invalid type: "<text>"``)."""
+    one unknown name fails the whole text (``libmem: invalid type: "<text>"``;
+    a text longer than :data:`MAX_TYPES_TEXT` is quoted cut, never parsed)."""
+    if len(text) > MAX_TYPES_TEXT:
+        raise ValueError(f"libmem: invalid type: {quote(text[:MAX_TYPES_TEXT])}... (too long)")
     out: set[MemoryType] = set()
     for word in text.split(","):
         name = word.strip().upper()
