@@ -188,3 +188,29 @@ def test_a_farther_node_of_the_type_is_not_added() -> None:
     topo = topology(lopsided)
     assert nodes(topo, PKG0 | PKG1, "hbm") == "2"
     assert nodes(topo, PKG1, "hbm") == "3"
+
+
+def test_memory_types_validation_texts() -> None:
+    # stage 1, the CRD's XValidation (case-sensitive), then setConfig's libmem parse
+    result = validate(
+        load_policy(
+            "reservedResources: {cpu: '1'}\nballoonTypes:\n- {name: a, memoryTypes: [dram, XPOINT, HBM]}\n"
+        ),
+        online_cpus=0xFF,
+    )
+    assert result.errors[:2] == [
+        'spec.balloonTypes[0].memoryTypes[0]: Invalid value: "string": invalid memory type:'
+        " dram, expected DRAM, HBM, or PMEM",
+        'spec.balloonTypes[0].memoryTypes[1]: Invalid value: "string": invalid memory type:'
+        " XPOINT, expected DRAM, HBM, or PMEM",
+    ]
+    assert any(
+        e.endswith('invalid memoryTypes: libmem: invalid type: "XPOINT"') for e in result.errors
+    ), result.errors
+    ok = validate(
+        load_policy(
+            "reservedResources: {cpu: '1'}\nballoonTypes:\n- {name: a, memoryTypes: [HBM, PMEM]}\n"
+        ),
+        online_cpus=0xFF,
+    )
+    assert ok.errors == [] and ok.prepared is not None
