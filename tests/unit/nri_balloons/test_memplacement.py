@@ -194,7 +194,8 @@ def test_memory_types_validation_texts() -> None:
     # stage 1, the CRD's XValidation (case-sensitive), then setConfig's libmem parse
     result = validate(
         load_policy(
-            "reservedResources: {cpu: '1'}\nballoonTypes:\n- {name: a, memoryTypes: [dram, XPOINT, HBM]}\n"
+            "reservedResources: {cpu: '1'}\n"
+            "balloonTypes:\n- {name: a, memoryTypes: [dram, XPOINT, HBM]}\n"
         ),
         online_cpus=0xFF,
     )
