@@ -95,8 +95,8 @@ def schema_errors(s: BalloonsPolicySpec) -> list[str]:
         for j, mem_type in enumerate(bt.memory_types):
             if mem_type not in MEMORY_TYPES:  # MEMORY_TYPE_RULE, in the API server's words
                 errors.append(
-                    f'{at}.memoryTypes[{j}]: Invalid value: "string": invalid memory type:'
-                    f" {mem_type}, expected DRAM, HBM, or PMEM"
+                    f"{at}.memoryTypes[{j}]: Invalid value: {quote(mem_type)}: invalid memory"
+                    f" type: {mem_type}, expected DRAM, HBM, or PMEM"
                 )
     for i, sc in enumerate(s.scheduling_classes):
         at = f"spec.schedulingClasses[{i}]"

@@ -200,9 +200,9 @@ def test_memory_types_validation_texts() -> None:
         online_cpus=0xFF,
     )
     assert result.errors[:2] == [
-        'spec.balloonTypes[0].memoryTypes[0]: Invalid value: "string": invalid memory type:'
+        'spec.balloonTypes[0].memoryTypes[0]: Invalid value: "dram": invalid memory type:'
         " dram, expected DRAM, HBM, or PMEM",
-        'spec.balloonTypes[0].memoryTypes[1]: Invalid value: "string": invalid memory type:'
+        'spec.balloonTypes[0].memoryTypes[1]: Invalid value: "XPOINT": invalid memory type:'
         " XPOINT, expected DRAM, HBM, or PMEM",
     ]
     assert any(
