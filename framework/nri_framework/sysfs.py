@@ -283,8 +283,10 @@ def _memory_types(
     """Each node with its memory type and normal-memory flag (upstream
     ``pkg/sysfs`` ``discoverNodes``): a node with CPUs is DRAM; a memory-only
     node is HBM when it has less memory than the average DRAM node, else PMEM."""
-    if has_memory is None:
-        has_memory = cpuset.from_ids(n.id for n in nodes.values() if n.mem_total_kb)
+    if has_memory is None:  # as Topology.memory_nodes: with a MemTotal, else every node
+        has_memory = cpuset.from_ids(
+            n.id for n in nodes.values() if n.mem_total_kb
+        ) or cpuset.from_ids(nodes)
     if has_normal is None:
         has_normal = has_memory
     dram = [n for n in nodes.values() if n.cpus]

@@ -4,6 +4,7 @@ upstream's ``n6-hbm-cxl`` fixture; machines with CPUs on every node are unchange
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,10 @@ def test_machines_with_cpus_on_every_node_are_all_dram(tmp_path: Path) -> None:
     # s8c4k: nodes 1, 3-6 have memory and no CPUs, as large as the others: PMEM
     topo = Topology.from_sysfs(write_topology(tmp_path / "b", S8C4K))
     assert topo.memory_type_masks == {DRAM: 0b10000101, PMEM: 0b01111010}
+
+
+def test_a_kernel_without_numa_has_one_normal_dram_node(tmp_path: Path) -> None:
+    root = write_topology(tmp_path, dataclasses.replace(N4C16, name="no-numa", numa=False))
+    topo = Topology.from_sysfs(root)
+    assert topo.memory_type_masks == {DRAM: 1}
+    assert topo.normal_memory_nodes == 1  # no has_* files, no meminfo: still normal memory
