@@ -71,6 +71,11 @@ ENUMS: dict[FieldKey, Iterable[str]] = {
     (Expression, "operator"): [str(op) for op in Operator],
 }
 
+# CEL rules (x-kubernetes-validations) on a field; on a list field, on its items.
+RULES: dict[FieldKey, list[dict[str, str]]] = {
+    (cfg.BalloonType, "memoryTypes"): [v.MEMORY_TYPE_RULE],
+}
+
 # Integers validation requires to be >= 0.
 NON_NEGATIVE: set[FieldKey] = {
     (cfg.CPUClass, "energyPerformancePreference"),
@@ -163,7 +168,7 @@ DESCRIPTIONS: dict[FieldKey, str] = {
 def _check_tables() -> None:
     """Every table entry names a field that exists: a renamed field fails loudly."""
     keys: set[FieldKey] = set()
-    for table in (ENUMS, NON_NEGATIVE, DURATIONS, CRD_REQUIRED, OVERRIDES, DESCRIPTIONS):
+    for table in (ENUMS, RULES, NON_NEGATIVE, DURATIONS, CRD_REQUIRED, OVERRIDES, DESCRIPTIONS):
         keys.update(table)
     for cls, name in sorted(keys, key=lambda k: (k[0].__name__, k[1])):
         info = mi.type_info(cls)
@@ -221,6 +226,8 @@ def type_schema(info: mi.Type, key: FieldKey | None = None) -> Schema:
             out["format"] = "duration"
         if key in ENUMS:
             out["enum"] = list(ENUMS[key])
+        if key in RULES:
+            out["x-kubernetes-validations"] = [dict(rule) for rule in RULES[key]]
     elif isinstance(info, mi.IntType):
         out = {"type": "integer"}
         if key in NON_NEGATIVE:

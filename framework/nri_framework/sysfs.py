@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nri_framework import cpuset
@@ -22,6 +22,7 @@ from nri_framework.topology import (
     CoreType,
     CpuFreq,
     CpuInfo,
+    MemoryType,
     NumaNode,
     Topology,
     TopologyError,
@@ -276,6 +277,33 @@ def _discover_nodes(root: Path, online: int) -> dict[int, NumaNode]:
     return nodes
 
 
+def _memory_types(
+    nodes: Mapping[int, NumaNode], has_memory: int | None, has_normal: int | None
+) -> dict[int, NumaNode]:
+    """Each node with its memory type and normal-memory flag (upstream
+    ``pkg/sysfs`` ``discoverNodes``): a node with CPUs is DRAM; a memory-only
+    node is HBM when it has less memory than the average DRAM node, else PMEM."""
+    if has_memory is None:  # as Topology.memory_nodes: with a MemTotal, else every node
+        has_memory = cpuset.from_ids(
+            n.id for n in nodes.values() if n.mem_total_kb
+        ) or cpuset.from_ids(nodes)
+    if has_normal is None:
+        has_normal = has_memory
+    dram = [n for n in nodes.values() if n.cpus]
+    special = [n for n in nodes.values() if not n.cpus and has_memory >> n.id & 1]
+    dram_avg = 0
+    if special and dram:
+        dram_avg = sum(n.mem_total_kb for n in dram) // len(dram)
+    out: dict[int, NumaNode] = {}
+    for n in nodes.values():
+        kind = MemoryType.DRAM
+        if not n.cpus and has_memory >> n.id & 1:
+            kind = MemoryType.HBM if n.mem_total_kb < dram_avg else MemoryType.PMEM
+            log.info("node %d has %s memory", n.id, kind)
+        out[n.id] = replace(n, memory_type=kind, normal_memory=bool(has_normal >> n.id & 1))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # the topology
 
@@ -373,6 +401,8 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
             f"CPUs {cpuset.format(unplaced)} are in no NUMA node's cpulist under {path}", path
         )
     memory_nodes = _optional_mask(root / SYS_NODE / "has_memory")
+    normal_nodes = _optional_mask(root / SYS_NODE / "has_normal_memory")
+    nodes = _memory_types(nodes, memory_nodes, normal_nodes)
 
     efficient = _discover_core_types(root, online, core_of)
     infos: dict[int, CpuInfo] = {}

@@ -24,6 +24,11 @@ Rules (upstream ``pkg/sysfs`` behaviour unless noted):
   some without a cache level is an error.
 - Without ``/sys/devices/system/node`` (a kernel with ``CONFIG_NUMA=n``) there
   is one node 0 holding every online CPU.
+- A node with CPUs has DRAM. A node in ``has_memory`` without CPUs (CXL
+  memory, Xeon Max HBM, PMEM in memory mode...) is HBM when its ``MemTotal``
+  is below the average ``MemTotal`` of the nodes with CPUs, else PMEM, as
+  upstream decides (the kernel has no memory-type file). ``has_normal_memory``
+  defaults to ``has_memory``; ``has_memory`` to the nodes with a ``MemTotal``.
 - Without hybrid core-type files every CPU is a performance core. When only one
   of ``cpu_core``/``cpu_atom`` exists, the remaining online CPUs are of the
   other type.
@@ -83,6 +88,14 @@ class CoreType(enum.StrEnum):
     EFFICIENT = "efficient"
 
 
+class MemoryType(enum.StrEnum):
+    """The kind of memory behind a NUMA node (upstream ``sysfs.MemoryType``)."""
+
+    DRAM = "DRAM"
+    PMEM = "PMEM"
+    HBM = "HBM"
+
+
 @dataclass(frozen=True, slots=True)
 class CpuFreq:
     """``cpufreq`` limits in kHz; 0 when unknown."""
@@ -131,6 +144,12 @@ class NumaNode:
     """Node id -> ``distance`` (``nodeN/distance`` lists online nodes in order)."""
     mem_total_kb: int
     """``MemTotal`` from ``nodeN/meminfo``; 0 when unknown."""
+    memory_type: MemoryType = MemoryType.DRAM
+    """DRAM for a node with CPUs; a memory-only node (CXL, HBM or PMEM) is HBM
+    when it has less memory than the average node with CPUs, else PMEM
+    (upstream ``pkg/sysfs``: the kernel marks neither)."""
+    normal_memory: bool = True
+    """In ``node/has_normal_memory`` (not only movable memory)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +211,15 @@ class Topology:
             if memory_nodes is not None
             else cpuset.from_ids(n.id for n in self.nodes.values() if n.mem_total_kb)
             or cpuset.from_ids(self.nodes)
+        )
+        self.memory_type_masks: dict[MemoryType, int] = {}
+        """Memory type -> the memory nodes of that type (types the host has only)."""
+        for n in self.nodes.values():
+            if self.memory_nodes >> n.id & 1:
+                t = n.memory_type
+                self.memory_type_masks[t] = self.memory_type_masks.get(t, 0) | 1 << n.id
+        self.normal_memory_nodes = self.memory_nodes & cpuset.from_ids(
+            n.id for n in self.nodes.values() if n.normal_memory
         )
 
         self.package_masks: dict[int, int] = {}

@@ -324,33 +324,42 @@ def _write_uncore(files: _Files, d: str, spec: TopologySpec) -> None:
                 files.write(f"{d}/package_{pkg:02d}_die_00/{name}", value)
 
 
+def _node_distance(spec: TopologySpec, n: int, m: int) -> int:
+    """The distance from node ``n`` to node ``m`` (memory-only nodes after the others)."""
+    if m == n:
+        return 10
+    cpu_nodes = spec.packages * spec.dies_per_package * spec.nodes_per_die
+    if n < cpu_nodes and m < cpu_nodes:
+        per_pkg = spec.dies_per_package * spec.nodes_per_die
+        if m // spec.nodes_per_die == n // spec.nodes_per_die:
+            return spec.distance_same_die
+        if m // per_pkg == n // per_pkg:
+            return spec.distance_same_package
+        return spec.distance_other_package
+    for a, b in ((n, m), (m, n)):
+        if a >= cpu_nodes and (d := spec.memory_nodes[a - cpu_nodes].distance(b)) is not None:
+            return d
+    return spec.distance_other_package
+
+
 def _write_nodes(
     files: _Files, spec: TopologySpec, node_cpus: Mapping[int, int], hexmask: Callable[[int], str]
 ) -> None:
-    nnodes = spec.packages * spec.dies_per_package * spec.nodes_per_die
+    cpu_nodes = spec.packages * spec.dies_per_package * spec.nodes_per_die
+    nnodes = cpu_nodes + len(spec.memory_nodes)
     all_nodes = cpuset.format((1 << nnodes) - 1)
     base = "sys/devices/system/node"
     for name in ("online", "possible", "has_memory", "has_normal_memory"):
         files.write(f"{base}/{name}", all_nodes)
     files.write(f"{base}/has_cpu", cpuset.format(cpuset.from_ids(node_cpus)))
-    per_pkg = spec.dies_per_package * spec.nodes_per_die
     for n in range(nnodes):
-        row = []
-        for m in range(nnodes):
-            if m == n:
-                row.append(10)
-            elif m // spec.nodes_per_die == n // spec.nodes_per_die:
-                row.append(spec.distance_same_die)
-            elif m // per_pkg == n // per_pkg:
-                row.append(spec.distance_same_package)
-            else:
-                row.append(spec.distance_other_package)
+        row = [_node_distance(spec, n, m) for m in range(nnodes)]
         nd = f"{base}/node{n}"
         cpus = node_cpus.get(n, 0)
         files.write(f"{nd}/cpulist", cpuset.format(cpus))
         files.write(f"{nd}/cpumap", hexmask(cpus))
         files.write(f"{nd}/distance", " ".join(map(str, row)))
-        kb = spec.mem_per_node_kb
+        kb = spec.mem_per_node_kb if n < cpu_nodes else spec.memory_nodes[n - cpu_nodes].mem_kb
         files.write(
             f"{nd}/meminfo",
             f"Node {n} MemTotal:       {kb:8d} kB\n"

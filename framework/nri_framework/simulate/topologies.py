@@ -47,6 +47,12 @@ writes its sysfs tree. The presets (:data:`TOPOLOGIES`):
     and present CPUs are ``0-2,511,1535,4095``; nodes 1, 3-6 have memory and no
     CPUs. No cpufreq, as in the VM.
 
+``n6-hbm-cxl`` (:data:`N6_HBM_CXL`)
+    Upstream's ``n6-hbm-cxl/topology.var.json``: 2 packages x 1 NUMA node x 2
+    cores x 2 threads (8 CPUs, 2 GiB DRAM per node), plus memory-only nodes
+    2-3 (1 GiB, HBM by upstream's size rule) and 4-5 (4 GiB, PMEM), distances
+    from the json's ``node-dist`` (node 0-1: the script's default 21).
+
 ``hybrid12`` (:data:`HYBRID12`)
     A hybrid part with one base frequency: 4 P-cores, 8 E-cores in two L2
     clusters, one thread each.
@@ -123,6 +129,20 @@ class CacheSpec:
 
 
 @dataclass(frozen=True)
+class MemoryNodeSpec:
+    """A NUMA node with memory and no CPUs (CXL, HBM, PMEM), numbered after the
+    nodes with CPUs in the order given."""
+
+    mem_kb: int
+    distances: tuple[tuple[int, int], ...] = ()
+    """``(node id, distance)`` pairs, symmetric (upstream's ``node-dist``); nodes
+    not named are at ``distance_other_package``."""
+
+    def distance(self, node: int) -> int | None:
+        return next((d for n, d in self.distances if n == node), None)
+
+
+@dataclass(frozen=True)
 class TopologySpec:
     """A regular machine: packages x dies x NUMA nodes x cores x threads.
 
@@ -159,6 +179,8 @@ class TopologySpec:
     cstates: tuple[CState, ...] = ()
     cpuidle_driver: str = "intel_idle"
     uncore: UncoreSpec | None = None
+    memory_nodes: tuple[MemoryNodeSpec, ...] = ()
+    """Memory-only nodes after the nodes with CPUs (``n6-hbm-cxl``)."""
     numa: bool = True
     """``False``: a kernel built without ``CONFIG_NUMA`` (upstream's test30-numa-disabled):
     no ``sys/devices/system/node`` and no ``cpuN/nodeM`` links."""
@@ -340,6 +362,24 @@ S8C4K = TopologySpec(
     online="0-2,511,1535,4095",
 )
 
+N6_HBM_CXL = TopologySpec(
+    name="n6-hbm-cxl",
+    packages=2,
+    cores_per_node=2,
+    threads_per_core=2,
+    numbering="qemu",
+    memory_nodes=(
+        MemoryNodeSpec(1024 * 1024, ((0, 15), (1, 30), (3, 35))),
+        MemoryNodeSpec(1024 * 1024, ((0, 30), (1, 15), (2, 35))),
+        MemoryNodeSpec(4 * 1024 * 1024, ((0, 60), (1, 70), (2, 62), (3, 72), (5, 75))),
+        MemoryNodeSpec(4 * 1024 * 1024, ((0, 70), (1, 60), (2, 72), (3, 62), (4, 75))),
+    ),
+)
+"""Upstream's ``balloons/n6-hbm-cxl/topology.var.json``: 2 packages of one
+NUMA node each (2 cores x 2 threads, 2 GiB: DRAM nodes 0, 1), then memory-only
+nodes 2, 3 (1 GiB: HBM, closest to node 0 and 1) and 4, 5 (4 GiB: PMEM / CXL,
+closest to node 0 and 1), with the ``node-dist`` distances of the json."""
+
 TOPOLOGIES: Mapping[str, TopologySpec] = {
-    t.name: t for t in (N4C16, XEON_6776P, PCT16, HYBRID12, S8C4K)
+    t.name: t for t in (N4C16, XEON_6776P, PCT16, HYBRID12, S8C4K, N6_HBM_CXL)
 }

@@ -26,6 +26,11 @@ IRQ_MODES = ("", "sink", "isolate")
 TURBO_DOMAINS = ("package", "system")
 COMPONENT_CREATIONS = ("", "all", "balance-balloons")
 MEMORY_TYPES = ("DRAM", "PMEM", "HBM")
+MEMORY_TYPE_RULE = {
+    "rule": "self == 'DRAM' || self == 'HBM' || self == 'PMEM'",
+    "messageExpression": '"invalid memory type: " + self + ", expected DRAM, HBM, or PMEM"',
+}
+"""The CRD's XValidation of each ``memoryTypes`` item (upstream's, case-sensitive)."""
 RESOURCE_DOMAINS = ("cpu", "memory")
 SCHED_POLICIES = ("", "none", "other", "fifo", "rr", "batch", "iso", "idle", "deadline")
 SCHED_FLAGS = (
@@ -87,6 +92,12 @@ def schema_errors(s: BalloonsPolicySpec) -> list[str]:
         enum(f"{at}.shareIdleCPUsInSame", bt.share_idle_cpus_in_same, TOPOLOGY_LEVELS)
         enum(f"{at}.preferCoreType", bt.prefer_core_type, CORE_TYPES)
         enum(f"{at}.irqMode", bt.irq_mode, IRQ_MODES)
+        for j, mem_type in enumerate(bt.memory_types):
+            if mem_type not in MEMORY_TYPES:  # MEMORY_TYPE_RULE, in the API server's words
+                errors.append(
+                    f"{at}.memoryTypes[{j}]: Invalid value: {quote(mem_type)}: invalid memory"
+                    f" type: {mem_type}, expected DRAM, HBM, or PMEM"
+                )
     for i, sc in enumerate(s.scheduling_classes):
         at = f"spec.schedulingClasses[{i}]"
         enum(f"{at}.policy", sc.policy, SCHED_POLICIES)

@@ -14,11 +14,6 @@ def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
     """One warning per unimplemented feature the configuration uses."""
     out: list[str] = []
     for bt in spec.balloon_types:
-        if bt.memory_types:
-            out.append(
-                f"balloon type {bt.name!r}: memoryTypes are not implemented yet; "
-                "memory is pinned to the NUMA nodes closest to the balloon's CPUs"
-            )
         podres = [d for d in bt.prefer_close_to_devices if d.startswith(PODRES_PREFIX)]
         if podres:
             out.append(

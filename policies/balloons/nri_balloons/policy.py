@@ -39,6 +39,7 @@ from nri_balloons.fillmethod import FillMethod, fill_chain
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
 from nri_balloons.groupby import expand_group
+from nri_balloons.memplacement import MemoryPlacer, type_set
 from nri_balloons.placement import Placement, TypeOptions, changes_placement
 from nri_balloons.sizing import share_idle
 from nri_balloons.sstlink import DEFAULT_WAIT, Wait
@@ -99,6 +100,7 @@ class BalloonsPolicy:
         """the CPU priorities discovered at start (None: cpufreq's)"""
         self.cpu_classes = CpuClassHandler(topology, writer)
         self.placement = Placement()
+        self.memory = MemoryPlacer(topology)
 
     def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
         """CPU priorities found after start (a late SST helper): the allocations
@@ -545,18 +547,25 @@ class BalloonsPolicy:
             pinnable = bln.cpus | bln.shared_idle
             mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
             bln.mems = mems
-            mems_text = cpuset.format(mems)
+            mem_types = type_set(bln.bdef.memory_types)
             texts: dict[bool, str] = {}  # formatted once per balloon, not per container
             for m in bln.members.values():
                 hide = opts.hide_hyperthreads
                 pod = pod_of(m.pod_id)
                 keep_mems = False
+                mem_type = None
                 if pod is not None:
                     ctr = Container(id=m.id, name=m.name)
                     forced = ann.parse_bool(ann.effective(ann.HIDE_HYPERTHREADS, pod, ctr))
                     if forced is not None:
                         hide = forced
                     keep_mems = bool(mems) and ann.memory_preserved(pod, ctr)
+                    mem_type = ann.effective(ann.MEMORY_TYPE, pod, ctr)
+                mems_text = ""
+                if mems and not keep_mems:
+                    mems_text = cpuset.format(
+                        self.memory.mems(m.id, m.pretty, pinnable, mem_types, mem_type)
+                    )
                 if hide not in texts:
                     cpus = self.topology.single_thread(pinnable) if hide else pinnable
                     texts[hide] = cpuset.format(cpus)
@@ -564,7 +573,8 @@ class BalloonsPolicy:
                     # upstream PreserveMemoryResources: the container keeps its own
                     # cpuset.mems; its CPUs are still the balloon's
                     log.debug("  - preserving %s pinning to memory", m.pretty)
-                out[m.id] = (texts[hide] if pin_cpu else "", "" if keep_mems else mems_text)
+                out[m.id] = (texts[hide] if pin_cpu else "", mems_text)
+        self.memory.keep_only(out)
         return out
 
     # -- state -----------------------------------------------------------------------

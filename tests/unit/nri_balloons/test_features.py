@@ -21,7 +21,7 @@ cpuClasses:
     ).spec
     warnings = unimplemented(spec)
     assert not any("irqClaim" in w for w in warnings)  # IRQ claims are implemented
-    assert any("memoryTypes are not implemented" in w for w in warnings)
+    assert not any("memoryTypes" in w for w in warnings)  # memory types are implemented
     assert any("['podresourceapi:*.com/nic']" in w for w in warnings)
     assert any("agent.podResourceAPI" in w for w in warnings)
     assert not any("'hp'" in w for w in warnings)  # Priority Core Turbo is implemented

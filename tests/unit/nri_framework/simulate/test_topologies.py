@@ -15,7 +15,7 @@ from nri_framework.topology import TopologyError as DiscoveryError
 
 
 def test_presets() -> None:
-    assert set(TOPOLOGIES) == {"n4c16", "xeon-6776p", "pct16", "s8c4k", "hybrid12"}
+    assert set(TOPOLOGIES) == {"n4c16", "xeon-6776p", "pct16", "s8c4k", "hybrid12", "n6-hbm-cxl"}
     assert (N4C16.ncpus, XEON_6776P.ncpus, S8C4K.ncpus) == (16, 256, 4096)
     assert TopologyError is DiscoveryError
 
