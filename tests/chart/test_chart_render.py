@@ -169,6 +169,29 @@ def test_allow_pct_makes_only_the_sidecar_privileged(pct_docs: list[dict[str, An
     assert "initContainers" not in spec
 
 
+def test_allow_pct_gives_the_helper_the_hosts_irqs(pct_docs: list[dict[str, Any]]) -> None:
+    """IRQ affinity (irqClaim, irqMode) through the helper: it reads
+    <host-root>/proc/interrupts (read-only) and writes
+    <host-root>/proc/irq/N/smp_affinity_list (read-write), and sees nothing
+    else of the host's /proc; the plugin gets neither."""
+    spec = pod_spec(pct_docs)
+    helper = mounts(container(spec, HELPER))
+    assert helper["hostprocinterrupts"]["mountPath"] == "/host/proc/interrupts"
+    assert helper["hostprocinterrupts"]["readOnly"] is True
+    assert helper["hostprocirq"]["mountPath"] == "/host/proc/irq"
+    assert not helper["hostprocirq"].get("readOnly", False)
+    assert "hostprocfs" not in helper  # not the whole /proc
+    assert volumes(spec)["hostprocinterrupts"]["hostPath"] == {
+        "path": "/proc/interrupts",
+        "type": "File",
+    }
+    assert volumes(spec)["hostprocirq"]["hostPath"] == {"path": "/proc/irq", "type": "Directory"}
+    args = container(spec, HELPER)["args"]
+    assert args[args.index("--host-root") + 1] == "/host"  # ProcInterrupts' root
+    plugin = mounts(container(spec, NAME))
+    assert "hostprocirq" not in plugin and "hostprocinterrupts" not in plugin
+
+
 def test_without_allow_pct_nothing_is_privileged(default_docs: list[dict[str, Any]]) -> None:
     spec = pod_spec(default_docs)
     helper = container(spec, HELPER)
@@ -184,6 +207,9 @@ def test_without_allow_pct_nothing_is_privileged(default_docs: list[dict[str, An
         assert "hostdev" not in mounts(c)
         assert all(m["mountPath"] != "/host/dev" for m in c["volumeMounts"])
         assert mounts(c)["hostsysfs"]["readOnly"] is True
+        # no IRQ affinity without allowPCT (the chart README says so)
+        assert "hostprocirq" not in mounts(c) and "hostprocinterrupts" not in mounts(c)
+    assert "hostprocirq" not in volumes(spec) and "hostprocinterrupts" not in volumes(spec)
 
 
 @pytest.mark.parametrize("fixture", ["default_docs", "pct_docs"])

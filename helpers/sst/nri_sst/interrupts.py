@@ -9,7 +9,8 @@ numbers only (integers the list found), never from request text.
 root sysfs is read from). The kernel refuses affinity writes of per-CPU and
 kernel-managed IRQs (``EIO``) and of IRQs whose file is read-only (``EPERM``,
 ``EROFS``); such an IRQ is reported not writable from then on, as upstream's
-``pkg/irq`` stops trying. The ``sim`` backend models the same interface
+``pkg/irq`` stops trying (:func:`marks_read_only` is the one classification).
+The ``sim`` backend models the same interface
 (:class:`nri_sst.backends.sim.SimInterrupts`).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 from nri_sst import _cpuset
@@ -25,7 +27,28 @@ from nri_sst import messages as m
 
 MAX_INTERRUPTS_FILE = 4 * 1024 * 1024
 """Bytes of ``/proc/interrupts`` read at most (a 4096-CPU host's is ~2 MiB)."""
-READ_ONLY_ERRNOS = frozenset({errno.EIO, errno.EPERM, errno.EACCES, errno.EROFS})
+READ_ONLY_ERRNOS = frozenset({errno.EIO, errno.EPERM, errno.EACCES, errno.EROFS, errno.EISDIR})
+"""Write errors that mark an IRQ not controllable from then on: the kernel's
+refusal of a per-CPU or kernel-managed IRQ (``EIO``), a read-only file or
+mount (``EPERM``, ``EACCES``, ``EROFS``), a directory where the affinity file
+should be (``EISDIR``: an :class:`IsADirectoryError`). Every other error fails
+that one write only: ``EINVAL`` (no online CPU in the set), ``ENOENT`` (the
+IRQ went away; its number may come back with another device), ``ENOSPC``,
+``EBUSY`` (the vector space is full now)."""
+
+
+def marks_read_only(exc: OSError) -> bool:
+    """Whether a failed affinity write makes its IRQ not controllable (:data:`READ_ONLY_ERRNOS`)."""
+    return exc.errno in READ_ONLY_ERRNOS
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to an existing procfs file in one ``write`` (never creates it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 class IrqWriteError(Exception):
@@ -69,9 +92,12 @@ class Interrupts(ABC):
 class ProcInterrupts(Interrupts):
     """The kernel's procfs under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, write: Callable[[Path, bytes], None] = write_file) -> None:
         self.proc = Path(root) / "proc"
         self.read_only: set[int] = set()
+        """IRQs a write was refused for (:func:`marks_read_only`): listed not writable."""
+        self.write = write
+        """How an affinity file is written (a unit test injects the kernel's refusals)."""
 
     def _affinity_file(self, irq: int) -> Path:
         return self.proc / "irq" / f"{int(irq):d}" / "smp_affinity_list"
@@ -110,13 +136,9 @@ class ProcInterrupts(Interrupts):
     def set_affinity(self, irq: int, cpus: list[int]) -> list[int]:
         path = self._affinity_file(irq)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-            try:
-                os.write(fd, f"{_cpuset.format(cpus)}\n".encode())
-            finally:
-                os.close(fd)
+            self.write(path, f"{_cpuset.format(cpus)}\n".encode())
         except OSError as exc:
-            if exc.errno in READ_ONLY_ERRNOS:
+            if marks_read_only(exc):
                 self.read_only.add(irq)
             raise IrqWriteError(
                 f"irq {irq}: cannot write {_cpuset.format(cpus)!r} to {path}: "

@@ -31,6 +31,9 @@ MAX_IRQ_BATCH = 1024
 """Most IRQs one :class:`SetIrqAffinity` may name (all its groups together)."""
 MAX_INTERRUPTS = 4096
 """Most IRQs a :class:`ListInterruptsReply` lists (the lowest numbers)."""
+MAX_ERROR_MESSAGE = 1024
+"""Characters of an :class:`ErrorReply`'s message at most (a huge hostile
+request gets a bounded answer: the rest is cut and marked ``…``)."""
 MAX_IRQ_DESCRIPTION = 256
 """Characters of an IRQ's description a :class:`ListInterruptsReply` keeps."""
 CLOS_NO_LIMIT_KHZ = 25_500_000
@@ -168,7 +171,7 @@ class PunitTF(msgspec.Struct, frozen=True):
     enabled: bool
 
 
-class Interrupt(msgspec.Struct, frozen=True):
+class Interrupt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One numbered IRQ of ``/proc/interrupts`` (:class:`ListInterrupts`)."""
 
     number: int
@@ -182,7 +185,7 @@ class Interrupt(msgspec.Struct, frozen=True):
     the kernel, not found read-only)."""
 
 
-class IrqGroup(msgspec.Struct, frozen=True):
+class IrqGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """IRQs that get the same CPUs (:class:`SetIrqAffinity`)."""
 
     irqs: list[int]
@@ -464,6 +467,8 @@ class HelperError(Exception):
     """A typed failure of a request; carries the :class:`ErrorReply` to send."""
 
     def __init__(self, code: ErrorCode, message: str) -> None:
+        if len(message) > MAX_ERROR_MESSAGE:
+            message = message[: MAX_ERROR_MESSAGE - 1] + "…"
         super().__init__(message)
         self.code: ErrorCode = code
         self.message = message

@@ -39,10 +39,8 @@ def cpus(machine: Machine, values: Iterable[object], field: str = "cpus") -> lis
             bad.append(cpu)
         out.add(cpu)
     if bad:
-        raise _bad(
-            f"{field}: CPUs {format_cpus(b for b in bad if b >= 0) or bad} are not online "
-            f"(online: {format_cpus(machine.online)})"
-        )
+        named = format_cpus(b for b in bad if b >= 0) or sorted(set(bad))
+        raise _bad(f"{field}: CPUs {named} are not online (online: {format_cpus(machine.online)})")
     if not out:
         raise _bad(f"{field}: empty CPU list")
     return sorted(out)

@@ -4,13 +4,16 @@ validation of SetIrqAffinity (a refused batch writes nothing)."""
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from nri_sst import messages as m
 from nri_sst.backends.sim import SimBackend
 from nri_sst.handler import RequestHandler
-from nri_sst.interrupts import ProcInterrupts, parse_interrupts
+from nri_sst.interrupts import IrqWriteError, ProcInterrupts, parse_interrupts
 
 from .conftest import SMALL_SIM
 
@@ -104,3 +107,47 @@ def test_procfs_lists_and_writes_under_the_host_root(tmp_path: Path) -> None:
     assert p.default_affinity() == [0, 1]
     assert p.set_affinity(4, [1]) == [1]
     assert (tmp_path / "proc/irq/4/smp_affinity_list").read_text() == "1\n"
+
+
+def _refusing(code: int) -> Callable[[Path, bytes], None]:
+    """The kernel's refusal of an affinity write (as root a temp file cannot
+    refuse with EIO: the write function of ProcInterrupts is ours, injected)."""
+
+    def write(path: Path, data: bytes) -> None:
+        raise OSError(code, os.strerror(code), str(path))
+
+    return write
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EPERM, errno.EACCES, errno.EROFS])
+def test_a_refused_write_marks_the_irq_not_controllable(tmp_path: Path, code: int) -> None:
+    _proc(tmp_path, {0: "0-1", 4: "0-1", 8: "0-1"})
+    p = ProcInterrupts(tmp_path, write=_refusing(code))
+    with pytest.raises(IrqWriteError, match=f"irq 4: .*{os.strerror(code)}"):
+        p.set_affinity(4, [1])
+    listed = {i.number: i.writable for i in p.read()}
+    assert listed == {0: True, 4: False, 8: True}  # from now on, until the helper restarts
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOENT, errno.ENOSPC, errno.EBUSY])
+def test_a_failed_write_of_another_kind_fails_that_write_only(tmp_path: Path, code: int) -> None:
+    _proc(tmp_path, {4: "0-1"})
+    p = ProcInterrupts(tmp_path, write=_refusing(code))
+    with pytest.raises(IrqWriteError):
+        p.set_affinity(4, [1])
+    assert {i.number: i.writable for i in p.read()}[4]
+
+
+def test_a_directory_for_the_affinity_file_marks_the_irq_read_only(tmp_path: Path) -> None:
+    """A real filesystem refusal as root: smp_affinity_list is a directory
+    (IsADirectoryError, EISDIR); the mark stays when a file is there again."""
+    _proc(tmp_path, {4: "0-1"})
+    target = tmp_path / "proc/irq/8/smp_affinity_list"
+    target.mkdir(parents=True)
+    p = ProcInterrupts(tmp_path)
+    with pytest.raises(IrqWriteError, match=r"irq 8: .*Is a directory"):
+        p.set_affinity(8, [1])
+    assert p.read_only == {8}
+    target.rmdir()
+    target.write_text("0-1\n")
+    assert {i.number: i.writable for i in p.read()} == {0: False, 4: True, 8: False}
