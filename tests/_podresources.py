@@ -61,7 +61,8 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
                 for d in devices
             ]
             if self.pad:
-                devs.append(pb.ContainerDevices(resource_name="pad/pad", device_ids=["x" * self.pad]))
+                pad = pb.ContainerDevices(resource_name="pad/pad", device_ids=["x" * self.pad])
+                devs.append(pad)
             containers.append(pb.ContainerResources(name=name, devices=devs))
         return pb.PodResources(namespace=key[0], name=key[1], containers=containers)
 
@@ -70,11 +71,11 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
         if self.hang:
             await asyncio.Event().wait()  # never answers (the client's deadline ends it)
 
-    async def List(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)
+    async def List(self, request: Any, context: Any) -> Any:
         await self._enter("List")
         return pb.ListPodResourcesResponse(pod_resources=[self._pod(k) for k in self.pods])
 
-    async def Get(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Get(self, request: Any, context: Any) -> Any:
         await self._enter("Get")
         if self.get_disabled == "gate":
             await context.abort(grpc.StatusCode.UNKNOWN, GET_DISABLED)
@@ -88,7 +89,7 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
             )
         return pb.GetPodResourcesResponse(pod_resources=self._pod(key))
 
-    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:
         await self._enter("GetAllocatableResources")
         return pb.AllocatableResourcesResponse()
 
