@@ -293,4 +293,3 @@ def pod_resource_hints(
             cpuset.format(cpus),
         )
     return out
-

@@ -234,3 +234,18 @@ def test_the_hint_leaves_a_balloon_that_stays(
     assert (
         f"removed pod-resource device hints of container default/pod0/c0 from balloon {bln.name}"
     ) in caplog.text
+
+
+def test_hints_without_the_api_get_a_warning_at_configuration() -> None:
+    from nri_balloons.features import unimplemented
+
+    text = 'reservedResources: {cpu: "1"}\nballoonTypes: [{name: nic, %s}]\n%s'
+    hinted = 'preferCloseToDevices: ["podresourceapi:*.com/nic"]'
+    (warning,) = unimplemented(load_policy(text % (hinted, "")).spec)
+    assert warning == (
+        "balloon type 'nic': pod-resources device hints ['podresourceapi:*.com/nic'] need "
+        "agent.podResourceAPI: true (the kubelet's pod-resources API); they are dropped"
+    )
+    on = "agent: {podResourceAPI: true}\n"
+    assert unimplemented(load_policy(text % (hinted, on)).spec) == []
+    assert unimplemented(load_policy(text % ("minCPUs: 1", on)).spec) == []
