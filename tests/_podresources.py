@@ -7,7 +7,8 @@ upstream test24's fake device plugins make the kubelet assign them. Faults a
 test can ask for: ``hang`` (a call never answers), ``pad`` (a reply grown by
 that many bytes of device IDs), ``get_disabled`` (``Get`` refused with the
 kubelet's feature-gate error, or answered ``UNIMPLEMENTED`` as a kubelet
-older than 1.27 does).
+older than 1.27 does), ``malformed`` (every reply is bytes that do not parse:
+a truncated length-delimited field).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     hang: bool = False
     pad: int = 0
     get_disabled: str = ""  # "" | "gate" | "unimplemented"
+    malformed: bool = False
     calls: list[str] = field(default_factory=list)
     _server: Any = None
 
@@ -95,10 +97,26 @@ class Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
 
     async def start(self) -> Kubelet:
         self._server = grpc.aio.server()
-        pb_grpc.add_PodResourcesListerServicer_to_server(self, self._server)
+        if self.malformed:
+            self._server.add_generic_rpc_handlers((self._garbage(),))
+        else:
+            pb_grpc.add_PodResourcesListerServicer_to_server(self, self._server)
         self._server.add_insecure_port(f"unix:{self.socket}")
         await self._server.start()
         return self
+
+    def _garbage(self) -> Any:
+        async def reply(request: bytes, context: Any) -> bytes:
+            self.calls.append("malformed")
+            return b"\x0a\xff\xff\xff\x0f"  # field 1, length 4 GiB, no bytes
+
+        handler = grpc.unary_unary_rpc_method_handler(
+            reply, request_deserializer=None, response_serializer=None
+        )
+        methods = ("List", "Get", "GetAllocatableResources")
+        return grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister", dict.fromkeys(methods, handler)
+        )
 
     async def stop(self) -> None:
         if self._server is not None:

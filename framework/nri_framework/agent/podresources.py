@@ -274,9 +274,12 @@ class PodResourcesClient:
     async def _call(self, method: str, request: Any) -> Any:
         stub = self._connect()
         try:
-            return await getattr(stub, method)(request, timeout=self.timeout)
+            reply = await getattr(stub, method)(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             raise _failure(method, exc, self.timeout, self.max_reply) from None
+        if reply is None:  # grpc's answer to bytes that do not parse (it logs why)
+            raise CallFailed("malformed", f"{method} reply is not a valid protobuf message")
+        return reply
 
     async def _list(self) -> None:
         reply = await self._call("List", pb.ListPodResourcesRequest())

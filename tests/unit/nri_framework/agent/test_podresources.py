@@ -162,3 +162,25 @@ async def test_pending_gets_are_bounded(tmp_path: Path) -> None:
         c.want("default", f"pod{i}")
     assert len(c._pending) == MAX_PENDING
     assert ("default", f"pod{MAX_PENDING + 49}") in c._pending
+
+
+async def test_a_malformed_reply_is_an_error_and_the_task_lives(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sock = tmp_path / "kubelet.sock"
+    c = client(sock)
+    async with Kubelet(sock, malformed=True) as kubelet:
+        c.start()
+        try:
+            await until(lambda: kubelet.calls.count("malformed") >= 2, "a retry")
+            assert str(sock) in caplog.text
+            assert not c.cache.known("default", "pod0")
+        except BaseException:
+            await c.close()
+            raise
+    async with Kubelet(sock) as kubelet:  # the kubelet restarted, well-formed
+        kubelet.assign("default", "pod0", "pod0c0", NIC0)
+        try:
+            await until(lambda: c.cache.known("default", "pod0"), "the task still runs")
+        finally:
+            await c.close()
