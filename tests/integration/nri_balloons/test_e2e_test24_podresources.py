@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -399,3 +400,44 @@ async def test_a_huge_reply_is_refused_and_the_container_created(tmp_path: Path)
                 "no device locality for container default/p/pc0",
                 timeout=5,
             )
+
+
+async def test_a_reload_turns_the_api_on_and_off(tmp_path: Path) -> None:
+    """SIGHUP with ``agent.podResourceAPI`` switched: the client starts (hints
+    steer the next balloons) and stops again (hints dropped, no Get for a new pod)."""
+    off = CONFIG.replace("podResourceAPI: true", "podResourceAPI: false")
+    async with podres_node(tmp_path, config=off) as t:
+        assert t.kubelet.calls == []
+        cfg = t.n.work / "balloons.yaml"
+        done = t.n.mark()
+
+        async def reload(text: str) -> None:
+            cfg.write_text(text)
+            t.n.plugin.proc.send_signal(signal.SIGHUP)
+            await t.n.plugin.wait_output("config update from", timeout=10, count=count() + 1)
+
+        def count() -> int:
+            return sum("config update from" in line for line in t.n.plugin.tail)
+
+        await reload(CONFIG)
+        assert t.n.lines("podresourceapi: hints read the kubelet's pod-resources API", done)
+        await t.create(
+            "pod1",
+            "hp-near-tpu",
+            [[tpu("tcomtpu-0-s1-numa3")]],
+            req="1",
+            lim="1",
+            mem=("10M", "10M"),
+            ext={"tech.com/tpu": "1"},
+        )
+        t.verify_podres_locality("tech.com/tpu", "pod1c0")
+        await reload(off)
+        calls = len(t.kubelet.calls)
+        t.kubelet.assign("default", "pod2", "pod2c0", tpu("tcomtpu-2-s0-numa0"))
+        await t.n.create("pod2", "hp-near-tpu", cpu="1")
+        await t.n.plugin.wait_output(
+            'dropping pod-resource device "podresourceapi:tech.com/*" hint: '
+            "no device locality for container default/pod2/pod2c0",
+            timeout=5,
+        )
+        assert len(t.kubelet.calls) == calls, t.kubelet.calls[calls:]  # no Get at RunPodSandbox
