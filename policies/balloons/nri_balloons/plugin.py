@@ -104,6 +104,8 @@ class Balloons:
         self.no_helper_warned = False
         self.podres: PodResourcesClient | None = None
         """the kubelet's pod-resources cache, while ``agent.podResourceAPI`` is on"""
+        self.late: set[str] = set()
+        """containers told of a pod-resources answer that came after their placement"""
 
     # -- cpuClasses and the SST helper ----------------------------------------------
     #
@@ -333,16 +335,18 @@ class Balloons:
         """An answer for ``pod`` (after a List: every pod) landed in the cache."""
         if self.policy is None or self.podres is None:
             return
+        self.late &= set(self.policy.owner)  # once per container while it lives
         for bln in self.policy.balloons:
             if not pod_resource_entries(bln.bdef.prefer_close_to_devices):
                 continue
             for m in bln.members.values():
                 if (namespace, pod) not in (("", ""), (m.namespace, m.pod_name)):
                     continue
-                if bln.name in self.policy.device_hints:
+                if bln.name in self.policy.device_hints or m.id in self.late:
                     continue
                 devices = self.podres.cache.devices(m.namespace, m.pod_name, m.name)
                 if devices:
+                    self.late.add(m.id)
                     log.info(
                         "pod-resources of container %s arrived after it was placed in %s: "
                         "its podresourceapi: hints steer the next placement",

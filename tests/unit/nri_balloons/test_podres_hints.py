@@ -6,6 +6,7 @@ other types). The assignments are what the kubelet's cache would hold."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from nri_balloons.configyaml import load_policy
@@ -249,3 +250,36 @@ def test_hints_without_the_api_get_a_warning_at_configuration() -> None:
     on = "agent: {podResourceAPI: true}\n"
     assert unimplemented(load_policy(text % (hinted, on)).spec) == []
     assert unimplemented(load_policy(text % ("minCPUs: 1", on)).spec) == []
+
+
+# -- the plugin: an answer after the placement ---------------------------------------
+
+
+def test_a_late_answer_moves_nothing_and_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The container was placed before its pod's answer: it stays; the plugin
+    says so once however many Lists repeat the answer."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.agent.podresources import PodResourcesClient
+    from nri_framework.host import PolicyHost
+    from nri_framework.simulate.sysfs import write_topology
+
+    caplog.set_level(logging.INFO, "policy")
+    root = write_topology(tmp_path / "host", N4C16)
+    cfg = tmp_path / "balloons.yaml"
+    cfg.write_text(CONFIG + "agent: {podResourceAPI: true}\n")
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, options={"config_file": str(cfg)}, host_root=str(root))
+    assert isinstance(plugin.podres, PodResourcesClient)  # not started: no loop yet
+    assert plugin.podres.socket == f"{root}/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert plugin.policy is not None
+    bln = plugin.policy.allocate(*ctr("pod0", "c0", "near-tpu"))
+    assert bln is not None and plugin.policy.device_hints == {}
+    placed = bln.cpus
+    plugin.podres.cache.put(("default", "pod0"), {"c0": (TPU3,)})  # what a List brings
+    for _ in range(3):
+        plugin._pod_resources_arrived("", "")
+    assert bln.cpus == placed
+    late = "pod-resources of container default/pod0/c0 arrived after it was placed"
+    assert caplog.text.count(late) == 1
