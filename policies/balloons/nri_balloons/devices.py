@@ -242,7 +242,7 @@ def container_device_cpus(
             pretty,
             quote(pattern),
             ",".join(map(str, nodes)),
-            list_v(dev.ids[:MAX_LOGGED_IDS]),
+            list_v(_few(dev.ids)),
         )
     cpus = 0
     for node in sorted(numas):
@@ -293,3 +293,9 @@ def pod_resource_hints(
             cpuset.format(cpus),
         )
     return out
+
+
+def _few(ids: Sequence[str]) -> list[str]:
+    if len(ids) <= MAX_LOGGED_IDS:
+        return list(ids)
+    return [*ids[:MAX_LOGGED_IDS], f"...({len(ids) - MAX_LOGGED_IDS} more)"]

@@ -235,6 +235,8 @@ class Balloons:
                 # upstream's cpuClass/PCT lines are under "cpuclass"; the spec's
                 # ``log.debug: [policy, cpu]`` expects them (reference §20.4)
                 wanted.add("cpuclass")
+            if name == "podresapi":  # upstream's logger of its pod-resources client
+                wanted.add("nri_framework.podresources")
         for name in self.debugging - wanted:
             logging.getLogger(name).setLevel(logging.NOTSET)
         for name in wanted - self.debugging:

@@ -283,3 +283,26 @@ def test_a_late_answer_moves_nothing_and_is_said_once(
     assert bln.cpus == placed
     late = "pod-resources of container default/pod0/c0 arrived after it was placed"
     assert caplog.text.count(late) == 1
+
+
+def test_a_debug_line_shows_a_bounded_number_of_device_ids(
+    topo: Topology, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, "policy")
+    many = DeviceAssignment("tech.com/tpu", tuple(f"id{i}" for i in range(10_000)), (3,))
+    assert container_device_cpus(topo, topo.online, "tech.com/*", [many], "x") is not None
+    (line,) = [r.getMessage() for r in caplog.records if "device IDs" in r.getMessage()]
+    shown = " ".join(f"id{i}" for i in range(16))
+    assert line.endswith(f"device IDs [{shown} ...(9984 more)]")
+
+
+def test_upstreams_podresapi_logger_name_debugs_the_client() -> None:
+    from nri_balloons.plugin import Balloons
+
+    plugin = Balloons()
+    plugin.debug_loggers(["podresapi"])
+    try:
+        assert logging.getLogger("nri_framework.podresources").level == logging.DEBUG
+    finally:
+        plugin.debug_loggers([])
+    assert logging.getLogger("nri_framework.podresources").level == logging.NOTSET
