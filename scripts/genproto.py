@@ -6,8 +6,9 @@
     python scripts/genproto.py --check       # exit 1 if the checked-in modules are stale
 
 Runs grpc_tools.protoc with ``-I proto``, so the generated modules import each
-other as ``from nri_framework.pb import ...``. Only cri.proto gets gRPC stubs:
-NRI speaks ttrpc, whose framing lives in nri_framework itself.
+other as ``from nri_framework.pb import ...``. Only cri.proto and podresources.proto
+(the kubelet's pod-resources API) get gRPC stubs: NRI speaks ttrpc, whose framing
+lives in nri_framework itself.
 
 Needs only the standard library and grpcio-tools. The output depends on the
 grpcio-tools version (it embeds the protobuf gencode version), so pin it in
@@ -31,10 +32,10 @@ PACKAGE = Path("nri_framework") / "pb"
 
 # Protos compiled to messages only (+ .pyi), and protos that also get gRPC stubs.
 MESSAGE_PROTOS = ("nri.proto", "ttrpc.proto")
-GRPC_PROTOS = ("cri.proto",)
+GRPC_PROTOS = ("cri.proto", "podresources.proto")
 
 INIT_TEXT = (
-    '"""Generated protobuf modules (NRI API, ttrpc envelope, CRI subset).\n'
+    '"""Generated protobuf modules (NRI API, ttrpc envelope, CRI subset, kubelet pod-resources).\n'
     "\n"
     "Do not edit: regenerate with `tox -e proto` (scripts/genproto.py) from proto/.\n"
     '"""\n'
@@ -52,6 +53,9 @@ GENERATED = tuple(
         "cri_pb2.py",
         "cri_pb2.pyi",
         "cri_pb2_grpc.py",
+        "podresources_pb2.py",
+        "podresources_pb2.pyi",
+        "podresources_pb2_grpc.py",
     )
 )
 

@@ -457,3 +457,29 @@ def test_only_the_plugin_gets_api_credentials(fixture: str, request: pytest.Fixt
     assert sources[0]["serviceAccountToken"]["path"] == "token"
     assert sources[1]["configMap"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     assert sources[2]["downwardAPI"]["items"][0]["path"] == "namespace"
+
+
+# --- pod-resources API (agent.podResourceAPI) ---------------------------------------
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_plugin_is_told_the_kubelets_pod_resources_socket(enabled: bool) -> None:
+    docs = render({"config": {"agent": {"podResourceAPI": enabled}}})
+    spec = pod_spec(docs)
+    plugin = container(spec, PLUGIN)
+    args = plugin["args"]
+    if not enabled:
+        assert "--pod-resources-socket" not in args
+        return
+    socket = args[args.index("--pod-resources-socket") + 1]
+    assert socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    # the socket's directory is the kubelet's, mounted read-only at the same path
+    mount = mounts(plugin)["pod-resources-socket"]
+    assert mount["mountPath"] + "/kubelet.sock" == socket and mount["readOnly"]
+    assert volumes(spec)["pod-resources-socket"]["hostPath"]["path"] == mount["mountPath"]
+
+
+def test_a_config_without_an_agent_block_renders() -> None:
+    docs = render({"config": {"agent": None}})  # null deletes the default's block
+    assert "agent" not in find(docs, "BalloonsPolicy", "default")["spec"]
+    assert "--pod-resources-socket" not in container(pod_spec(docs), PLUGIN)["args"]

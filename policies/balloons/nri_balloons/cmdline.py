@@ -34,6 +34,9 @@ class BalloonsOptions(msgspec.Struct, frozen=True, kw_only=True):
     sst_helper: str = ""
     #: ``--config-file`` (the framework's flag): the BalloonsPolicy to start with
     config_file: str = ""
+    #: ``--pod-resources-socket``: the kubelet's pod-resources API (empty: its
+    #: default path under ``--host-root``), used with ``agent.podResourceAPI``
+    pod_resources_socket: str = ""
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +47,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default="",
         help="the SST helper's socket (ipc://PATH): cpuClasses are applied through it; "
         "without it they are only logged",
+    )
+    group.add_argument(
+        "--pod-resources-socket",
+        default="",
+        help="the kubelet's pod-resources API socket, read for podresourceapi: device hints "
+        "when the configuration sets agent.podResourceAPI (default: "
+        "/var/lib/kubelet/pod-resources/kubelet.sock under --host-root)",
     )
 
 

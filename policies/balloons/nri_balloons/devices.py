@@ -8,8 +8,14 @@ Built-in virtual devices (``reserved CPUs``, ``isolated CPUs``,
 ``performance cores``, ``efficient cores``) and sysfs device paths, read
 under the host root the way upstream's topology hints do: ``cpulist``,
 ``local_cpulist``, ``cpulistaffinity``, ``shared_cpu_list`` or ``numa_node``,
-walking up the path until one is found. ``podresourceapi:`` hints need the
-kubelet's pod-resources API and are not resolved yet (the caller warns).
+walking up the path until one is found.
+
+``podresourceapi:<glob>`` hints (reference §7.3) are per container: the
+devices the kubelet assigned to it (its pod-resources API, read from the
+plugin's cache) whose resource name matches the glob, as the CPUs of their
+NUMA nodes (:func:`pod_resource_hints`). Each becomes a virtual device
+``__podres_<ctrID>_<glob>`` in the place of its entry; an unresolvable one is
+dropped.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from nri_framework import cpuset
 from nri_framework.topology import Topology
 
 from nri_balloons.config import BalloonType
 from nri_balloons.cpupriority import CpuPriority
+from nri_balloons.globmatch import GlobError, compile_glob
+from nri_balloons.gofmt import list_v, quote
 
 log = logging.getLogger("policy")
 _load_log = logging.getLogger("nri_balloons.cpus")  # the logger these lines always had
@@ -33,6 +41,9 @@ ISOLATED_CPUS = "isolated CPUs"
 PERFORMANCE_CORES = "performance cores"
 EFFICIENT_CORES = "efficient cores"
 PODRES_PREFIX = "podresourceapi:"
+PODRES_HINT_PREFIX = "__podres_"
+MAX_LOGGED_IDS = 16
+"""Device IDs of one device a debug line shows at most (the kubelet's list may be long)."""
 
 _CPU_FILES = ("cpulist", "local_cpulist", "cpulistaffinity", "shared_cpu_list")
 
@@ -191,3 +202,112 @@ class LoadedDevice(VirtualDevice):
                 cpuset.format(cpus),
                 cpuset.format(self.cpusets[0]),
             )
+
+
+# -- pod-resource device hints (§7.3) ---------------------------------------------
+
+
+class AssignedDevice(Protocol):
+    """Device instances of one resource the kubelet assigned to a container
+    (:class:`nri_framework.agent.podresources.DeviceAssignment`)."""
+
+    @property
+    def resource(self) -> str: ...
+    @property
+    def ids(self) -> Sequence[str]: ...
+    @property
+    def numa(self) -> Sequence[int]: ...
+
+
+def pod_resource_entries(devices: Iterable[str]) -> list[str]:
+    """The ``podresourceapi:`` entries of a close-to list, in order."""
+    return [d for d in devices if d.startswith(PODRES_PREFIX)]
+
+
+def container_device_cpus(
+    topology: Topology,
+    allowed: int,
+    pattern: str,
+    devices: Sequence[AssignedDevice] | None,
+    pretty: str,
+) -> int | None:
+    """The allowed CPUs of the NUMA nodes of the container's devices whose
+    resource name matches ``pattern`` (upstream ``containerDeviceCpus``);
+    ``None`` when there are none."""
+    if not devices:
+        return None
+    try:
+        glob = compile_glob(pattern)
+    except GlobError as exc:
+        log.error("invalid resource glob pattern %s: %s", quote(pattern), exc)
+        return None
+    numas: set[int] = set()
+    for dev in devices:
+        if glob.fullmatch(dev.resource) is None:
+            continue
+        nodes = sorted(set(dev.numa))
+        numas.update(nodes)
+        log.debug(
+            "pod-resource device %s of container %s matches pattern %s, NUMA nodes %s, "
+            "device IDs %s",
+            quote(dev.resource),
+            pretty,
+            quote(pattern),
+            ",".join(map(str, nodes)),
+            list_v(_few(dev.ids)),
+        )
+    cpus = 0
+    for node in sorted(numas):
+        if node not in topology.nodes:
+            log.error(
+                "unknown NUMA node %d in the topology of device %s of container %s",
+                node,
+                quote(pattern),
+                pretty,
+            )
+            continue
+        cpus |= topology.nodes[node].cpus
+    if not cpus:
+        return None
+    return cpus & allowed
+
+
+def pod_resource_hints(
+    entries: Sequence[str],
+    topology: Topology,
+    allowed: int,
+    devices: Sequence[AssignedDevice] | None,
+    container_id: str,
+    pretty: str,
+) -> dict[str, VirtualDevice]:
+    """The ``podresourceapi:`` ``entries`` of a type resolved for one container
+    (upstream ``resolvePodResourceDevs``): entry -> its virtual device
+    ``__podres_<ctrID>_<glob>``. ``devices``: what the kubelet assigned to the
+    container (``None``: not known yet, or the API is off). Unresolvable
+    entries are left out, with upstream's debug line."""
+    out: dict[str, VirtualDevice] = {}
+    for entry in entries:
+        pattern = entry[len(PODRES_PREFIX) :]
+        cpus = container_device_cpus(topology, allowed, pattern, devices, pretty)
+        if cpus is None:
+            log.debug(
+                "dropping pod-resource device %s hint: no device locality for container %s",
+                quote(entry),
+                pretty,
+            )
+            continue
+        name = f"{PODRES_HINT_PREFIX}{container_id}_{pattern}"
+        out[entry] = VirtualDevice(name, [cpus])
+        log.debug(
+            "pod-resource hint: device %s of container %s prefers CPUs %s",
+            quote(pattern),
+            pretty,
+            cpuset.format(cpus),
+        )
+    return out
+
+
+def _few(ids: Sequence[str]) -> list[str]:
+    if len(ids) <= MAX_LOGGED_IDS:
+        return list(ids)
+    return [*ids[:MAX_LOGGED_IDS], f"...({len(ids) - MAX_LOGGED_IDS} more)"]

@@ -15,13 +15,11 @@ def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
     out: list[str] = []
     for bt in spec.balloon_types:
         podres = [d for d in bt.prefer_close_to_devices if d.startswith(PODRES_PREFIX)]
-        if podres:
+        if podres and not spec.agent.pod_resource_api:
             out.append(
-                f"balloon type {bt.name!r}: pod-resources device hints {podres} are not "
-                "implemented yet (no kubelet pod-resources client); they are ignored"
+                f"balloon type {bt.name!r}: pod-resources device hints {podres} need "
+                "agent.podResourceAPI: true (the kubelet's pod-resources API); they are dropped"
             )
-    if spec.agent.pod_resource_api:
-        out.append("agent.podResourceAPI is not implemented yet; it is ignored")
     if spec.control.rdt.enable:
         out.append("control.rdt is not implemented; it is ignored")
     if spec.control.blockio.enable:

@@ -19,6 +19,7 @@ from nri_framework.topology import Topology
 from nri_balloons.balloon import Balloon
 from nri_balloons.config import BalloonsPolicySpec, BalloonType
 from nri_balloons.cpupriority import CpuPriority
+from nri_balloons.devices import VirtualDevice
 from nri_balloons.trees import TypeTrees, build_trees
 from nri_balloons.validation import PreparedConfig
 
@@ -65,6 +66,9 @@ class Placement:
     initial_free: int = 0
     """The free CPUs once the pre-created balloons exist (NRT allocatable)."""
     owner: dict[str, Balloon] = field(default_factory=dict)
+    device_hints: dict[str, tuple[str, dict[str, VirtualDevice]]] = field(default_factory=dict)
+    """Balloon name -> (the container it was created for, that container's
+    resolved ``podresourceapi:`` entries): removed when the container leaves."""
 
     @classmethod
     def for_config(

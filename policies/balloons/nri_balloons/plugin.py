@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nri_framework import cpuset
 from nri_framework.cmdline import typed_options
@@ -42,6 +42,7 @@ from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
 from nri_balloons.configyaml import load_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
+from nri_balloons.devices import pod_resource_entries
 from nri_balloons.endpoint import asked_endpoint
 from nri_balloons.extres import extended_resources
 from nri_balloons.features import unimplemented
@@ -58,6 +59,9 @@ from nri_balloons.sstlink import (
     exchange_async,
 )
 from nri_balloons.validation import PreparedConfig, validate
+
+if TYPE_CHECKING:
+    from nri_framework.agent.podresources import PodResourcesClient
 
 __version__ = "0.1.0"
 
@@ -117,6 +121,10 @@ class Balloons:
         self.irq = IrqAffinity()
         """IRQ affinities (irqClaim, irqMode), written through the helper"""
         self.no_helper_irq_warned = False
+        self.podres: PodResourcesClient | None = None
+        """the kubelet's pod-resources cache, while ``agent.podResourceAPI`` is on"""
+        self.late: set[str] = set()
+        """containers told of a pod-resources answer that came after their placement"""
 
     # -- cpuClasses and the SST helper ----------------------------------------------
     #
@@ -342,6 +350,8 @@ class Balloons:
                 # upstream's cpuClass/PCT lines are under "cpuclass"; the spec's
                 # ``log.debug: [policy, cpu]`` expects them (reference §20.4)
                 wanted.add("cpuclass")
+            if name == "podresapi":  # upstream's logger of its pod-resources client
+                wanted.add("nri_framework.podresources")
         for name in self.debugging - wanted:
             logging.getLogger(name).setLevel(logging.NOTSET)
         for name in wanted - self.debugging:
@@ -382,6 +392,7 @@ class Balloons:
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
         self.warn_no_helper_irqs(prepared)
+        self.pod_resources(prepared)
         wait = self._reply_path()
         self.check_irq_claims(prepared, wait)
         self._stop_background()
@@ -407,6 +418,7 @@ class Balloons:
         self.debug_loggers(prepared.spec.log.debug)
         self.warn_no_helper(prepared)
         self.warn_no_helper_irqs(prepared)
+        self.pod_resources(prepared)
         pods = self.host.pods
         running = [
             (pods.get(c.pod_sandbox_id) or Pod(id=c.pod_sandbox_id), c)
@@ -419,10 +431,76 @@ class Balloons:
         try:
             self.policy.reconfigure(prepared, running, wait)
         except BalloonsError as exc:
+            if self.policy.config is not None:  # the running one stays, and its API use
+                self.pod_resources(self.policy.config)
             raise PolicyError(str(exc)) from None
         finally:
             self.commit(wait)
         return self._updates()
+
+    # -- the kubelet's pod-resources API (podresourceapi: hints) -----------------------
+    #
+    # The client's task keeps a cache current (a List now and then, a Get at
+    # each RunPodSandbox); the policy reads the cache alone, so no NRI reply
+    # waits on the kubelet. A container created before its pod's answer is
+    # placed without the hint (upstream's debug line), and stays where it is
+    # when the answer comes: the hints steer the next placement.
+
+    def pod_resources(self, prepared: PreparedConfig) -> None:
+        """Run the pod-resources client while the configuration wants it."""
+        assert self.policy is not None and self.host is not None
+        if not prepared.spec.agent.pod_resource_api:
+            if self.podres is not None:
+                self.podres.stop()
+                self.podres = None
+            self.policy.pod_devices = None
+            return
+        if self.podres is None:
+            from nri_framework.agent.podresources import PodResourcesClient, socket_path
+
+            path = socket_path(self.host.host_root, self.options.pod_resources_socket)
+            log.info("podresourceapi: hints read the kubelet's pod-resources API at %s", path)
+            self.podres = PodResourcesClient(path, on_update=self._pod_resources_arrived)
+        self.policy.pod_devices = self.podres.cache.devices
+        self._start_pod_resources()
+
+    def _start_pod_resources(self) -> None:
+        if self.podres is not None and _running_loop() is not None:
+            self.podres.start()
+
+    def _pod_resources_arrived(self, namespace: str, pod: str) -> None:
+        """An answer for ``pod`` (after a List: every pod) landed in the cache."""
+        if self.policy is None or self.podres is None:
+            return
+        self.late &= set(self.policy.owner)  # once per container while it lives
+        for bln in self.policy.balloons:
+            if not pod_resource_entries(bln.bdef.prefer_close_to_devices):
+                continue
+            for m in bln.members.values():
+                if (namespace, pod) not in (("", ""), (m.namespace, m.pod_name)):
+                    continue
+                if bln.name in self.policy.device_hints or m.id in self.late:
+                    continue
+                devices = self.podres.cache.devices(m.namespace, m.pod_name, m.name)
+                if devices:
+                    self.late.add(m.id)
+                    log.info(
+                        "pod-resources of container %s arrived after it was placed in %s: "
+                        "its podresourceapi: hints steer the next placement",
+                        m.pretty,
+                        bln.name,
+                    )
+
+    @hookimpl
+    def nri_run_pod_sandbox(self, pod: Pod) -> None:
+        if self.podres is not None:
+            self._start_pod_resources()
+            self.podres.want(pod.namespace, pod.name)
+
+    @hookimpl
+    def nri_remove_pod_sandbox(self, pod: Pod) -> None:
+        if self.podres is not None:
+            self.podres.forget(pod.namespace, pod.name)
 
     @hookimpl
     def policy_prepare_config(self, config: str, source: str) -> PreparedConfig:
@@ -479,6 +557,7 @@ class Balloons:
     def nri_configure(self, config: str, runtime: RuntimeInfo) -> None:
         assert self.policy is not None
         self.runtime_nri = runtime_nri_version(runtime.name, runtime.version, runtime.nri_version)
+        self._start_pod_resources()
         if config.strip() and self.policy.config is None:
             self.apply(self.prepare(config, "runtime plugin configuration"))
         if self.policy.config is None:
@@ -591,6 +670,8 @@ class Balloons:
 
     @hookimpl
     def policy_shutdown(self) -> None:
+        if self.podres is not None:
+            self.podres.stop()
         self._stop_background()
         if self.rediscovery is not None:
             self.rediscovery.cancel()

@@ -32,7 +32,13 @@ from nri_balloons.config import BalloonsPolicySpec, BalloonType
 from nri_balloons.containers import limit_milli, request_milli
 from nri_balloons.cpuclass import CpuClassHandler, Writer
 from nri_balloons.cpupriority import CpuPriority
-from nri_balloons.cputree import ResizeError
+from nri_balloons.cputree import CpuTreeAllocator, ResizeError
+from nri_balloons.devices import (
+    AssignedDevice,
+    VirtualDevice,
+    pod_resource_entries,
+    pod_resource_hints,
+)
 from nri_balloons.errors import BalloonsError
 from nri_balloons.expression import Subject
 from nri_balloons.fillmethod import FillMethod, fill_chain
@@ -54,6 +60,9 @@ T = TypeVar("T")
 __all__ = ["BalloonsError", "BalloonsPolicy"]
 
 PRIORITY_ORDER = ("high", "normal", "low", "none")
+
+PodDevices = Callable[[str, str, str], Sequence[AssignedDevice] | None]
+"""(namespace, pod, container) -> the container's assigned devices (None: unknown)"""
 
 
 class NotApplicable(Exception):
@@ -86,6 +95,7 @@ class BalloonsPolicy:
     free: _Placed[int] = _Placed()
     initial_free: _Placed[int] = _Placed()
     owner: _Placed[dict[str, Balloon]] = _Placed()
+    device_hints: _Placed[dict[str, tuple[str, dict[str, VirtualDevice]]]] = _Placed()
 
     def __init__(
         self,
@@ -100,6 +110,9 @@ class BalloonsPolicy:
         """the CPU priorities discovered at start (None: cpufreq's)"""
         self.cpu_classes = CpuClassHandler(topology, writer)
         self.placement = Placement()
+        self.pod_devices: PodDevices | None = None
+        """(namespace, pod, container) -> the devices the kubelet assigned to it,
+        from the plugin's pod-resources cache (None: ``agent.podResourceAPI`` off)"""
         self.memory = MemoryPlacer(topology)
 
     def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
@@ -310,7 +323,7 @@ class BalloonsPolicy:
                 b for b in self.instances(bdef) if b.free_milli >= m.request
             ],
             FillMethod.BALANCED_INFLATE: lambda bdef, m: self._fill_where(bdef, m, bool),
-            FillMethod.NEW_BALLOON: lambda bdef, m: [self._fill_new(bdef, m.request)],
+            FillMethod.NEW_BALLOON: lambda bdef, m: [self._fill_new(bdef, m.request, m)],
         }
 
     def _fill_where(
@@ -329,7 +342,7 @@ class BalloonsPolicy:
             raise NotApplicable
         return self._fill_where(bdef, member, lambda b: b.groups[member.group] > 0)
 
-    def _fill_new(self, bdef: BalloonType, req: int) -> Balloon:
+    def _fill_new(self, bdef: BalloonType, req: int, member: Member | None = None) -> Balloon:
         for b in self.instances(bdef):
             if not b.members:
                 return b  # a pre-created, empty balloon
@@ -337,7 +350,7 @@ class BalloonsPolicy:
         if not avail or avail.bit_count() < bdef.min_cpus:
             raise NotApplicable
         try:
-            bln = self.new_balloon(bdef)
+            bln = self.new_balloon(bdef, member)
         except BalloonsError as exc:
             log.debug("new-balloon: %s", exc)
             raise NotApplicable from None
@@ -348,7 +361,9 @@ class BalloonsPolicy:
         self._share_idle()
         return bln
 
-    def new_balloon(self, bdef: BalloonType) -> Balloon:
+    def new_balloon(self, bdef: BalloonType, member: Member | None = None) -> Balloon:
+        """A new instance of ``bdef``, at its minCPUs; ``member``: the container it
+        is made for, whose ``podresourceapi:`` hints steer it until it leaves."""
         used = {b.instance for b in self.instances(bdef)}
         if bdef.max_balloons and len(used) >= bdef.max_balloons:
             raise BalloonsError(
@@ -359,9 +374,43 @@ class BalloonsPolicy:
         if bdef.components:
             return new_composite(self, bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
+        self.device_hints.pop(bln.name, None)
+        if member is not None:
+            self._attach_device_hints(bln, member)
         if bdef.min_cpus:
             self.resize(bln, bdef.min_cpus * 1000)
         return bln
+
+    def _attach_device_hints(self, bln: Balloon, member: Member) -> None:
+        """Resolve the type's ``podresourceapi:`` entries for ``member`` from the
+        pod-resources cache (never the kubelet: nothing here waits)."""
+        entries = pod_resource_entries(bln.bdef.prefer_close_to_devices)
+        if not entries:
+            return
+        devices = None
+        if self.pod_devices is not None:
+            devices = self.pod_devices(member.namespace, member.pod_name, member.name)
+        hints = pod_resource_hints(
+            entries, self.topology, self.allowed, devices, member.id, member.pretty
+        )
+        if hints:
+            self.device_hints[bln.name] = (member.id, hints)
+
+    def _drop_device_hints(self, bln: Balloon, container_id: str, pretty: str) -> None:
+        got = self.device_hints.get(bln.name)
+        if got is not None and got[0] == container_id:
+            del self.device_hints[bln.name]
+            log.debug(
+                "removed pod-resource device hints of container %s from balloon %s",
+                pretty,
+                bln.name,
+            )
+
+    def _tree(self, bln: Balloon) -> CpuTreeAllocator:
+        got = self.device_hints.get(bln.name)
+        return self.placement.trees.for_resize(
+            bln.bdef, self.balloons, got[1] if got is not None else None
+        )
 
     # -- sizing (§7) -----------------------------------------------------------------
 
@@ -413,7 +462,7 @@ class BalloonsPolicy:
         ``resizeBalloon`` growing): the CPU tree narrows the choice down, steered by
         the type's hints and its cpuClass's hints for this resize."""
         bdef = bln.bdef
-        tree = self.placement.trees.for_resize(bdef, self.balloons)
+        tree = self._tree(bln)
         free = self.free & ~exclude
         hints = self.cpu_classes.hints(self.balloon_class(bdef), count, free, bln.cpus)
         try:
@@ -429,7 +478,7 @@ class BalloonsPolicy:
     def deflate(self, bln: Balloon, count: int) -> None:
         """Take ``count`` CPUs from ``bln`` back to the free ones (upstream
         ``resizeBalloon`` shrinking)."""
-        tree = self.placement.trees.for_resize(bln.bdef, self.balloons)
+        tree = self._tree(bln)
         try:
             remove = tree.resize(bln.cpus, self.free, -count)
         except ResizeError as exc:
@@ -442,6 +491,7 @@ class BalloonsPolicy:
 
     def delete(self, bln: Balloon, append: bool = True) -> None:
         log.debug("deleting balloon %s", bln.name)
+        self.device_hints.pop(bln.name, None)
         for b in bln.walk():
             balloonclass.forget(self.cpu_classes, b.cpus)
             self.free |= b.cpus
@@ -518,6 +568,7 @@ class BalloonsPolicy:
             )
             return
         member = bln.members.pop(container_id)
+        self._drop_device_hints(bln, container_id, member.pretty)
         if member.group:
             bln.groups[member.group] -= 1
             if bln.groups[member.group] <= 0:

@@ -19,6 +19,7 @@ from nri_balloons.cpuallocator import CpuAllocator
 from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.cputree import CpuTreeAllocator, Hint, ResizeHints
 from nri_balloons.devices import (
+    PODRES_PREFIX,
     DeviceResolver,
     LoadedDevice,
     LoadLevel,
@@ -40,16 +41,30 @@ __all__ = ["TypeTrees", "build_trees", "class_hints"]
 
 @dataclass
 class TypeTrees:
-    """Balloon type name -> its CPU tree allocator, and the load devices
-    (``loaded-<level>``) each type carries."""
+    """Balloon type name -> its CPU tree allocator, the load devices
+    (``loaded-<level>``) each type carries, and the place of each of its
+    ``podresourceapi:`` entries in its close-to list (a virtual device set per
+    balloon at each resize: a balloon's pod-resource hints are its own)."""
 
     trees: dict[str, CpuTreeAllocator] = field(default_factory=dict)
     load_devices: dict[str, LoadedDevice] = field(default_factory=dict)
     type_loads: dict[str, list[LoadedDevice]] = field(default_factory=dict)
+    podres_slots: dict[str, dict[str, VirtualDevice]] = field(default_factory=dict)
 
-    def for_resize(self, bdef: BalloonType, balloons: Sequence[Balloon]) -> CpuTreeAllocator:
+    def for_resize(
+        self,
+        bdef: BalloonType,
+        balloons: Sequence[Balloon],
+        pod_resources: Mapping[str, VirtualDevice] | None = None,
+    ) -> CpuTreeAllocator:
         """The tree of ``bdef``, its load devices refreshed: the loaded CPUs of each
-        are those of every balloon whose type carries the same device."""
+        are those of every balloon whose type carries the same device; its
+        ``podresourceapi:`` entries are the resizing balloon's ``pod_resources``
+        (entry -> resolved device; an entry without one is no hint)."""
+        for entry, slot in self.podres_slots.get(bdef.name, {}).items():
+            dev = (pod_resources or {}).get(entry)
+            slot.name = dev.name if dev is not None else entry
+            slot.cpusets = list(dev.cpusets) if dev is not None else []
         for dev in self.type_loads.get(bdef.name, ()):
             loaded = 0
             for b in balloons:
@@ -101,7 +116,7 @@ def build_trees(
             topology,
             topology_balancing=opts.topology_balancing,
             prefer_spread_on_physical_cores=opts.spread_on_physical_cores,
-            prefer_close_to=_masks(resolver, close[t.name]),
+            prefer_close_to=_close_hints(resolver, close[t.name], out.podres_slots, t.name),
             prefer_far_from=[*_masks(resolver, far[t.name]), *loads],
             on_cpu_pick=_adder(dynamic) if dynamic else None,
             allocator_priority=CpuPriority.parse(t.allocator_priority),
@@ -137,6 +152,26 @@ def _adder(devices: list[LoadedDevice]) -> Callable[[int], None]:
             dev.add(cpus)
 
     return add
+
+
+def _close_hints(
+    resolver: DeviceResolver,
+    devices: list[str],
+    slots: dict[str, dict[str, VirtualDevice]],
+    type_name: str,
+) -> list[Hint]:
+    """The close-to hints of a type: masks, and an empty virtual device in the
+    place of each ``podresourceapi:`` entry (see :meth:`TypeTrees.for_resize`)."""
+    out: list[Hint] = []
+    for dev in devices:
+        if dev.startswith(PODRES_PREFIX):
+            slot = slots.setdefault(type_name, {}).setdefault(dev, VirtualDevice(dev))
+            out.append(slot)
+            continue
+        mask = resolver.cpus(dev)
+        if mask is not None:
+            out.append(mask)
+    return out
 
 
 def _masks(resolver: DeviceResolver, devices: list[str]) -> list[int]:

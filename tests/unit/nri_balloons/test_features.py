@@ -22,8 +22,8 @@ cpuClasses:
     warnings = unimplemented(spec)
     assert not any("irqClaim" in w for w in warnings)  # IRQ claims are implemented
     assert not any("memoryTypes" in w for w in warnings)  # memory types are implemented
-    assert any("['podresourceapi:*.com/nic']" in w for w in warnings)
-    assert any("agent.podResourceAPI" in w for w in warnings)
+    assert not any("podresourceapi" in w for w in warnings)  # implemented, the API on
+    assert not any("agent.podResourceAPI" in w for w in warnings)
     assert not any("'hp'" in w for w in warnings)  # Priority Core Turbo is implemented
     assert not any("'plain'" in w for w in warnings)
 

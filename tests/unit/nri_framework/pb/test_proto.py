@@ -570,3 +570,39 @@ def test_under_ci_missing_tox_deps_fail(tmp_path: Path) -> None:
     text = out.stdout + out.stderr
     assert "2 failed" in text, text
     assert "PROTO FRESHNESS FAILED (CI=true)" in text and "TTRPC STATUS CHECK FAILED" in text
+
+
+# ---------------------------------------------------------------------------
+# kubelet pod-resources v1 (our own podresources.proto)
+# ---------------------------------------------------------------------------
+
+# message -> {field name: field number}, from k8s.io/kubelet/pkg/apis/podresources/v1
+PODRES_FIELDS: dict[str, dict[str, int]] = {
+    "ListPodResourcesResponse": {"pod_resources": 1},
+    "PodResources": {"name": 1, "namespace": 2, "containers": 3},
+    "ContainerResources": {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4},
+    "ContainerDevices": {"resource_name": 1, "device_ids": 2, "topology": 3},
+    "ContainerMemory": {"memory_type": 1, "size": 2, "topology": 3},
+    "TopologyInfo": {"nodes": 1},
+    "NUMANode": {"ID": 1},
+    "GetPodResourcesRequest": {"pod_name": 1, "pod_namespace": 2},
+    "GetPodResourcesResponse": {"pod_resources": 1},
+    "AllocatableResourcesResponse": {"devices": 1, "cpu_ids": 2, "memory": 3},
+}
+
+
+@pytest.mark.parametrize("message", sorted(PODRES_FIELDS))
+def test_podresources_field_numbers(message: str) -> None:
+    from nri_framework.pb import podresources_pb2
+
+    desc = podresources_pb2.DESCRIPTOR.message_types_by_name[message]
+    assert {f.name: f.number for f in desc.fields} == PODRES_FIELDS[message]
+
+
+def test_podresources_service_paths() -> None:
+    from nri_framework.pb import podresources_pb2
+
+    assert podresources_pb2.DESCRIPTOR.package == "v1"
+    svc = podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert svc.full_name == "v1.PodResourcesLister"  # the gRPC path /v1.PodResourcesLister/List
+    assert {m.name for m in svc.methods} == {"List", "Get", "GetAllocatableResources"}
