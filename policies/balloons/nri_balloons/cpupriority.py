@@ -322,6 +322,12 @@ async def rediscover(
         log.info("CPU priorities: the SST helper is there now and reports no SST")
         return None
     prios = cpu_priorities(topology, sst)
+    if prios == cpu_priorities(topology):
+        log.info(
+            "CPU priorities: the SST helper is there now and reports no SST that "
+            "prioritises CPUs; using cpufreq base frequencies and EPP"
+        )
+        return None
     log.info(
         "CPU priorities: SST status read from the SST helper after start; "
         "allocations from now on use them (existing balloons keep their CPUs)"

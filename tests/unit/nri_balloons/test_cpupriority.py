@@ -296,3 +296,42 @@ def test_sst_high_cpus_are_the_performance_cores() -> None:
     got = core_type_balloons(topo, prios)
     assert got["perf"] & ~P("2-3") == 0, cpuset.format(got["perf"])
     assert (got["reserved"] | got["default"]) & P("2-3") == 0
+
+
+HYBRID12_E_LOW = dataclasses.replace(HYBRID12, name="hybrid12-e-low", efficient_cpus="0-7")
+"""hybrid12 with its E-cores at the low CPU ids (0-7) and the P-cores at 8-11,
+so that a pick that merely takes the lowest free ids lands on E-cores."""
+
+
+def test_hybrid_e_cores_first_keeps_reserved_and_default_on_p_cores() -> None:
+    """No second cause of reserved/default on E-cores: with the E-cores first
+    the reserved and default balloons still take P-cores next to a
+    ``preferCoreType`` type (they avoid ``efficient cores``, the low CPUs; the
+    empty ``performance cores`` pushes them nowhere), as upstream's do."""
+    topo = topology(HYBRID12_E_LOW)
+    assert cpuset.format(topo.efficient_cpus) == "0-7"
+    assert fmt(CpuAllocator(topo, cpu_priorities(topo)).priorities) == {
+        "high": "",
+        "normal": "8-11",
+        "low": "0-7",
+    }
+    got = core_type_balloons(topo, None)
+    p_cores = P("8-11")
+    assert got["reserved"] & ~p_cores == 0, cpuset.format(got["reserved"])
+    assert got["default"] & ~p_cores == 0, cpuset.format(got["default"])
+    assert got["perf"] & ~p_cores == 0, cpuset.format(got["perf"])
+    assert got["eff"] & p_cores == 0, cpuset.format(got["eff"])
+
+
+def test_hybrid_e_cores_first_implicit_low_priority_types_take_e_cores() -> None:
+    """Without a ``preferCoreType`` type nothing is avoided, and the implicit
+    reserved and default types (``allocatorPriority: low``, reference §8) take
+    the low priority CPUs, the E-cores, as upstream's cpuallocator does."""
+    topo = topology(HYBRID12_E_LOW)
+    result = validate(load_policy('reservedResources: {cpu: "1"}\n'), online_cpus=topo.online)
+    assert result.prepared is not None, result.errors
+    policy = BalloonsPolicy(topo)
+    policy.set_config(result.prepared)
+    got = {b.bdef.name: b.cpus for b in policy.balloons}
+    assert got["reserved"] & ~topo.efficient_cpus == 0, cpuset.format(got["reserved"])
+    assert got["default"] & ~topo.efficient_cpus == 0, cpuset.format(got["default"])
