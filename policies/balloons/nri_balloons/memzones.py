@@ -371,7 +371,14 @@ class MemoryAllocator:
         else:
             affinity &= nodes_of(self.topology, wanted)
         before = self._zones()
-        new = expand(self.topology, req.zone | affinity, wanted)
+        # unlike upstream, which always expands req.zone | affinity by the next
+        # closest nodes of the types (and fails when there are none: a balloon
+        # growing from node 0 to nodes 0-1 of a two-node machine), the zone
+        # grows by the new affinity nodes, and by the closest nodes only of the
+        # types it still lacks
+        grown = req.zone | affinity
+        miss = wanted - zone_types(self.topology, grown)
+        new = (affinity & ~req.zone) | (expand(self.topology, grown, miss) if miss else 0)
         if not new:
             raise MemoryPlacementError(
                 "libmem: insufficient available memory: failed to reallocate, "
