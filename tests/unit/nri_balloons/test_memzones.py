@@ -9,6 +9,7 @@ import logging
 
 import msgspec
 import pytest
+from nri_balloons.memplacement import MemoryPlacer
 from nri_balloons.memzones import (
     MemoryAllocation,
     MemoryAllocator,
@@ -19,6 +20,7 @@ from nri_balloons.memzones import (
 )
 from nri_balloons.state import BalloonsState, decode
 from nri_framework import cpuset
+from nri_framework.kubelet_cpu import QOSClass
 from nri_framework.simulate.topologies import N6_HBM_CXL
 from topologies import topology
 
@@ -162,3 +164,26 @@ def test_old_state_without_allocations_still_reads() -> None:
 )
 def test_human_size_as_libmem(size: int, text: str) -> None:
     assert human_size(size) == text
+
+
+def test_a_limit_no_zone_can_hold_falls_back_and_moves_no_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    placer = MemoryPlacer(topology(N6_HBM_CXL))
+    placer.note("small", 600 * M, QOSClass.BURSTABLE)
+    assert placer.mems("small", "ns/p/small", 0b1111, HBM, None) == 0b100
+    placer.note("huge", 1 << 62, QOSClass.GUARANTEED)
+    with caplog.at_level(logging.INFO):
+        assert placer.mems("huge", "ns/p/huge", 0b1111, HBM, None) == NODE0
+    assert any(
+        m.startswith(
+            "allocMem: falling back to 0, failed to allocate memory for ns/p/huge: "
+            "libmem: insufficient available memory: failed to resolve overcommit"
+        )
+        for m in caplog.messages
+    ), caplog.messages
+    assert placer.current("small", 0) == 0b100
+    assert placer.allocator.assigned("huge") is None
+    # gone: its memory is free, its remembered request too
+    placer.keep_only(["huge"])
+    assert placer.allocator.assigned("small") is None
