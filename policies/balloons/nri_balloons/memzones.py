@@ -11,8 +11,12 @@ zone has left.
   requested type, then narrowed to those types, then grown until it has normal
   memory), then the overcommit of every zone it touches is resolved.
 - :meth:`MemoryAllocator.realloc` (libmem ``Realloc``): a container's zone is
-  kept from its last allocation and only ever grows: new affinity nodes or types
-  are added to it (nothing when they are already in it).
+  kept from its last allocation and only ever grows: new affinity nodes, and the
+  closest nodes of requested types it lacks, are added to it (nothing when they
+  are in it already). Unlike upstream, which grows ``zone | affinity`` by the
+  next-closest nodes of the types even when none is missing (and fails when
+  there are none, as for a balloon growing from node 0 to nodes 0-1 of a
+  two-node machine), and which also tries the types the node lacks.
 - Overcommit (libmem ``defaultHandleOvercommit``): while a zone's usage exceeds
   its capacity, its containers are moved to the zone grown by its closest
   nodes (its own types first, then DRAM, PMEM, HBM), the lowest priority (QoS
@@ -198,6 +202,11 @@ def initial_zone(
     zone = affinity
     miss = wanted - zone_types(topology, zone)
     if miss:
+        log.debug(
+            "- find initial zone (start at %s, expand with %s)",
+            cpuset.format(zone),
+            format_types(miss),
+        )
         zone |= expand(topology, zone, miss)
     prefer = zone & nodes_of(topology, wanted)
     if prefer:
@@ -269,7 +278,9 @@ class _Request:
             else f"priority {self.priority}"
         )
         size = f", size {human_size(self.limit)}" if self.limit else ""
-        return f"{kind} workload<{self.name or '#' + self.id}{size}>"
+        if self.affinity:
+            size += f"{',' if size else ''} affine to nodes{{{cpuset.format(self.affinity)}}}"
+        return f"{kind} workload<{self.name or 'ID:#' + self.id}{size}>"
 
 
 class MemoryAllocator:
@@ -323,15 +334,17 @@ class MemoryAllocator:
         changes then."""
         if request_id in self.requests:
             raise MemoryPlacementError("libmem: allocation already exists")
-        if affinity & ~self.nodes & self.topology.memory_nodes:
+        if affinity & ~cpuset.from_ids(self.topology.nodes):
             raise MemoryPlacementError(
                 f"libmem: invalid node: unknown nodes requested ({cpuset.format(affinity)})"
             )
-        zone, eff = initial_zone(self.topology, affinity, types)
+        types = frozenset(types)
+        req = _Request(request_id, name, max(0, limit), affinity, types, priority, 0, 0)
+        log.debug("allocate %s memory for %s", format_types(types), req)
+        req.zone, req.types = initial_zone(self.topology, affinity, types)
         self._created += 1
-        seq = self._created
-        req = _Request(request_id, name, max(0, limit), affinity, eff, priority, zone, seq)
-        log.debug("allocate %s memory for %s", format_types(eff), req)
+        req.created = self._created
+        zone = req.zone
         before = self._zones()
         self.requests[request_id] = req
         try:

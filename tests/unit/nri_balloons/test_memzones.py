@@ -97,6 +97,16 @@ def test_a_failed_allocation_changes_nothing() -> None:
     assert zone(a, "b") == "2"  # moved while trying, then put back (libmem's journal)
 
 
+def test_a_request_for_unknown_nodes_or_twice_is_refused() -> None:
+    a = allocator()
+    with pytest.raises(MemoryPlacementError, match=r"unknown nodes requested \(0,40\)"):
+        a.allocate("c", "", 0, 1 | 1 << 40, HBM, BURSTABLE)
+    a.allocate("c", "", 0, NODE0, HBM, BURSTABLE)
+    with pytest.raises(MemoryPlacementError, match="allocation already exists"):
+        a.allocate("c", "", 0, 0b10, HBM, BURSTABLE)
+    assert zone(a, "c") == "2"
+
+
 def test_zero_limit_uses_no_capacity() -> None:
     a = allocator()
     for i in range(20):
