@@ -9,6 +9,7 @@ import logging
 
 import msgspec
 import pytest
+from nri_balloons.configyaml import load_policy
 from nri_balloons.memplacement import MemoryPlacer
 from nri_balloons.memzones import (
     MemoryAllocation,
@@ -18,9 +19,12 @@ from nri_balloons.memzones import (
     human_size,
     parse_types,
 )
+from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.state import BalloonsState, decode
+from nri_balloons.validation import PreparedConfig, validate
 from nri_framework import cpuset
 from nri_framework.kubelet_cpu import QOSClass
+from nri_framework.model import Container, MemoryResources, Pod, Resources
 from nri_framework.simulate.topologies import N6_HBM_CXL
 from topologies import topology
 
@@ -197,3 +201,51 @@ def test_a_limit_no_zone_can_hold_falls_back_and_moves_no_one(
     # gone: its memory is free, its remembered request too
     placer.keep_only(["huge"])
     assert placer.allocator.assigned("small") is None
+
+
+HBM_TYPE = """
+reservedResources: {cpu: "cpuset:0"}
+pinMemory: true
+balloonTypes:
+- {name: hbm, namespaces: ["*"], minCPUs: 1, maxCPUs: 1, maxBalloons: 1, memoryTypes: [HBM]}
+"""
+IMPOSSIBLE = """
+reservedResources: {cpu: "cpuset:0"}
+balloonTypes:
+- {name: hbm, namespaces: ["*"], minBalloons: 2, minCPUs: 10}
+"""
+
+
+def prepared(text: str) -> PreparedConfig:
+    result = validate(load_policy(text), online_cpus=topology(N6_HBM_CXL).online)
+    assert result.prepared is not None, result.errors
+    return result.prepared
+
+
+def test_the_policy_accounts_limits_and_a_failed_reconfigure_keeps_them() -> None:
+    policy = BalloonsPolicy(topology(N6_HBM_CXL))
+    policy.set_config(prepared(HBM_TYPE))
+    pod = Pod(id="p", name="p", namespace="default", cgroup_parent="/kubepods/burstable/p")
+    running = []
+    for name, limit in (("c0", 300 * M), ("c1", 800 * M)):
+        c = Container(
+            id=name,
+            pod_sandbox_id="p",
+            name=name,
+            resources=Resources(memory=MemoryResources(limit=limit)),
+        )
+        policy.allocate(pod, c)
+        running.append((pod, c))
+        pins = policy.pinning(lambda _pid: pod)
+    own = pins["c1"][1]
+    assert len(own) == 1 and pins["c0"][1] == "2-3"  # 300M + 800M: the smaller moved
+    with pytest.raises(BalloonsError, match=r"^balloons: config update failed: "):
+        policy.reconfigure(prepared(IMPOSSIBLE), running)
+    assert policy.pinning(lambda _pid: pod) == pins
+    assert [m.id for m in policy.export().memory] == ["c0", "c1"]
+    # a new configuration (no memoryTypes): a new allocator, every container
+    # allocated again in order (a kept zone would only grow: 0,2-3)
+    policy.reconfigure(prepared(HBM_TYPE.replace(", memoryTypes: [HBM]", "")), running)
+    pins = policy.pinning(lambda _pid: pod)
+    assert pins["c0"][1] == pins["c1"][1] and len(pins["c0"][1]) == 1, pins
+    assert [m.limit for m in policy.export().memory] == [300 * M, 800 * M]
