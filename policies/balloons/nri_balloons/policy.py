@@ -514,6 +514,7 @@ class BalloonsPolicy:
         return bln
 
     def release(self, container_id: str) -> None:
+        self.memory.release(container_id)  # upstream dismissContainer: libmem Release
         bln = self.owner.pop(container_id, None)
         if bln is None:
             log.debug(
@@ -521,7 +522,6 @@ class BalloonsPolicy:
             )
             return
         member = bln.members.pop(container_id)
-        self.memory.release(container_id)
         if member.group:
             bln.groups[member.group] -= 1
             if bln.groups[member.group] <= 0:
