@@ -1,27 +1,30 @@
 """Memory placement: the NUMA nodes a container's ``cpuset.mems`` gets (reference
-§9, upstream libmem's ``Allocate`` for a new container request).
+§9, upstream balloons' ``pinCpuMem``/``allocMem`` over libmem).
 
-The request is the nodes of the balloon's CPUs (libmem ``CPUSetAffinity``) and a
+The request is the nodes of the balloon's CPUs (libmem ``CPUSetAffinity``), a
 set of memory types: the container's ``memory-type.resource-policy.nri.io``
-annotation (``hbm,dram``) when set, else its balloon type's ``memoryTypes``.
-As libmem does for a request with preferred (not strict) types:
+annotation (``hbm,dram``) when set, else its balloon type's ``memoryTypes``,
+and its memory limit (its size; 0: none). As libmem does for a request with
+preferred (not strict) types (:mod:`nri_balloons.memzones`):
 
 - types the node does not have are dropped (we also warn, naming them); no
   type left means the types of the affinity nodes themselves (DRAM), so a
   balloon without ``memoryTypes`` gets the nodes of its CPUs;
 - the zone starts at the affinity nodes and, for each requested type they do
-  not hold, grows by the closest nodes of that type (``defaultExpand``: for
-  each zone node in turn its nearest nodes of the type, kept while no farther
-  than the nearest found so far);
-- the zone is then narrowed to the nodes of the requested types;
-- a zone without normal (non-movable) memory grows, a type at a time, until it
-  has some (``ensureNormalMemory``); when none can be reached the request fails
-  and the caller falls back to the affinity nodes (upstream's ``allocMem:
-  falling back to ...`` line).
+  not hold, grows by the closest nodes of that type, is narrowed to the nodes
+  of the requested types and grown until it has normal memory;
+- a zone whose containers' limits exceed its nodes' capacity spills: its
+  containers move to the zone grown by the next-closest nodes (their
+  ``cpuset.mems`` are updated with the rest of the pinning);
+- the first pinning allocates (libmem ``Allocate``), later ones reallocate
+  (``Realloc``: the zone only grows, kept from the last allocation); a container
+  that goes releases its memory;
+- when no zone can be found the container gets the affinity nodes (upstream's
+  ``allocMem: falling back to ...`` line).
 
-Not modelled: libmem's per-node capacity accounting (containers' memory limits
-spilling to farther nodes on overcommit) and its reallocation history; the
-nodes are recomputed from the balloon's CPUs and the types on every pinning.
+Not modelled: a ``memory.preserve`` container's memory is not accounted (it
+keeps its own nodes); a container's changed memory limit does not resize its
+allocation (upstream's ``Realloc`` does not either).
 """
 
 from __future__ import annotations
@@ -31,49 +34,36 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nri_framework import cpuset
+from nri_framework.kubelet_cpu import QOSClass
+from nri_framework.model import Container
 from nri_framework.topology import MemoryType, Topology
 
 from nri_balloons.annotations import MEMORY_TYPE
 from nri_balloons.gofmt import quote
+from nri_balloons.memzones import (
+    ORDER,
+    MemoryAllocation,
+    MemoryAllocator,
+    MemoryPlacementError,
+    Priority,
+    format_types,
+    initial_zone,
+    parse_types,
+)
 
 log = logging.getLogger("policy")
 
 __all__ = [
+    "ORDER",
     "MemoryPlacementError",
     "MemoryPlacer",
     "MemoryRequest",
     "format_types",
+    "memory_limit",
     "parse_types",
     "place",
     "type_set",
 ]
-
-ORDER = (MemoryType.DRAM, MemoryType.PMEM, MemoryType.HBM)
-"""libmem's type order (its bit order): expansion and fallbacks go in it."""
-
-
-MAX_TYPES_TEXT = 64
-"""The longest memory-type list parsed (every type, spaced, is under 20 characters):
-an annotation is the pod owner's input, as long as the API server allows."""
-
-
-class MemoryPlacementError(ValueError):
-    """No memory zone can be found for a request (upstream libmem's error)."""
-
-
-def parse_types(text: str) -> frozenset[MemoryType]:
-    """libmem ``ParseTypeMask``: comma-separated names, any case, spaces trimmed;
-    one unknown name fails the whole text (``libmem: invalid type: "<text>"``;
-    a text longer than :data:`MAX_TYPES_TEXT` is quoted cut, never parsed)."""
-    if len(text) > MAX_TYPES_TEXT:
-        raise ValueError(f"libmem: invalid type: {quote(text[:MAX_TYPES_TEXT])}... (too long)")
-    out: set[MemoryType] = set()
-    for word in text.split(","):
-        name = word.strip().upper()
-        if name not in MemoryType.__members__:
-            raise ValueError(f"libmem: invalid type: {quote(text)}")
-        out.add(MemoryType[name])
-    return frozenset(out)
 
 
 def type_set(names: Iterable[str]) -> frozenset[MemoryType]:
@@ -82,10 +72,11 @@ def type_set(names: Iterable[str]) -> frozenset[MemoryType]:
     return parse_types(",".join(names)) if names else frozenset()
 
 
-def format_types(types: Iterable[MemoryType]) -> str:
-    """Types in libmem's order, comma-separated (``DRAM,HBM``)."""
-    kept = set(types)
-    return ",".join(t.value for t in ORDER if t in kept)
+def memory_limit(container: Container) -> int:
+    """The container's memory limit in bytes, its request's size (upstream
+    ``getMemoryLimit``); 0 without one."""
+    mem = container.resources.memory if container.resources else None
+    return mem.limit if mem is not None and mem.limit and mem.limit > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,105 +87,63 @@ class MemoryRequest:
     missing: frozenset[MemoryType]
 
 
-def _zone_types(topology: Topology, zone: int) -> set[MemoryType]:
-    return {t for t, mask in topology.memory_type_masks.items() if mask & zone}
-
-
-def _close_nodes_of_type(topology: Topology, zone: int, t: MemoryType) -> int:
-    """libmem ``newCloseNodesOfType``: for each node of ``zone`` its nearest
-    nodes of type ``t`` outside ``zone``, kept while no farther than the nearest
-    found so far."""
-    of_type = topology.memory_type_masks.get(t, 0) & ~zone
-    close, best = 0, None
-    for node in topology.nodes:
-        if not zone >> node & 1:
-            continue
-        for dist, nodes in topology.nodes_by_distance(node):
-            nodes &= of_type
-            if not nodes:
-                continue
-            if best is None or dist <= best:
-                best = dist
-                close |= nodes
-            break
-    return close
-
-
-def _expand(topology: Topology, zone: int, types: Iterable[MemoryType]) -> int:
-    """libmem ``defaultExpand``: the closest new nodes of each of ``types``."""
-    wanted = set(types)
-    out = 0
-    for t in ORDER:
-        if t in wanted:
-            out |= _close_nodes_of_type(topology, zone, t)
-    return out
-
-
 def place(topology: Topology, cpus: int, types: Iterable[MemoryType] = ()) -> MemoryRequest:
-    """The memory nodes for a container on ``cpus`` asking for ``types``
-    (empty: the types of its CPUs' nodes). Raises :class:`MemoryPlacementError`
-    when no zone with normal memory can be found."""
-    affinity = topology.closest_nodes(cpus)
-    if not affinity:
-        raise MemoryPlacementError("request without affinity")
-    requested = set(types)
-    present = set(topology.memory_type_masks)
-    missing = frozenset(requested - present)
-    wanted = requested & present or _zone_types(topology, affinity)
-    zone = affinity
-    miss = wanted - _zone_types(topology, zone)
-    if miss:
-        zone |= _expand(topology, zone, miss)
-    prefer = zone & _nodes_of(topology, wanted)
-    if prefer:
-        zone = prefer
-    zone = _ensure_normal(topology, zone, wanted)
-    return MemoryRequest(zone, missing)
-
-
-def _nodes_of(topology: Topology, types: Iterable[MemoryType]) -> int:
-    out = 0
-    for t in types:
-        out |= topology.memory_type_masks.get(t, 0)
-    return out
-
-
-def _ensure_normal(topology: Topology, zone: int, wanted: set[MemoryType]) -> int:
-    """libmem ``ensureNormalMemory`` for a request with preferred types."""
-    normal = topology.normal_memory_nodes
-    if zone & normal:
-        return zone
-    normal_types = _zone_types(topology, normal)
-    types = wanted & normal_types
-    if not types:
-        first = next((t for t in ORDER if t in normal_types), None)
-        if first is None:
-            raise MemoryPlacementError("no normal memory (of any type)")
-        types = {first}
-    while True:
-        new = _expand(topology, zone, types)
-        if not new:
-            raise MemoryPlacementError(f"no normal memory (of any type {format_types(types)})")
-        zone |= new
-        if zone & normal:
-            return zone
+    """The initial zone for a container on ``cpus`` asking for ``types`` (empty:
+    the types of its CPUs' nodes), before any capacity accounting. Raises
+    :class:`MemoryPlacementError` when no zone with normal memory can be found."""
+    requested = frozenset(types)
+    zone, _ = initial_zone(topology, topology.closest_nodes(cpus), requested)
+    return MemoryRequest(zone, requested - frozenset(topology.memory_type_masks))
 
 
 class MemoryPlacer:
-    """:func:`place` for the containers of a policy, with upstream's log lines;
-    each container's last request is remembered (bounded by the containers in
-    balloons: :meth:`keep_only`) so a warning is logged once per new request,
-    not on every pinning."""
+    """The memory of a policy's containers: their allocations
+    (:class:`~nri_balloons.memzones.MemoryAllocator`) and upstream's log lines.
+
+    Each container's last request is remembered (bounded by the containers in
+    balloons: :meth:`keep_only`), so an unchanged one asks the allocator nothing
+    and logs no warning again."""
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self._last: dict[str, tuple[tuple[int, frozenset[MemoryType], str | None], int]] = {}
+        self.allocator = MemoryAllocator(topology)
+        self._last: dict[str, tuple[int, frozenset[MemoryType], str | None]] = {}
+        self._shown: dict[str, int] = {}
+        """container id -> the nodes it was last given (an overcommit moves it)"""
+        self._sizes: dict[str, tuple[int, Priority]] = {}
+        """container id -> (memory limit, priority) of a container not allocated yet"""
+
+    def note(self, container_id: str, limit: int, qos: QOSClass) -> None:
+        """A new container's memory limit (bytes) and QoS class, for its first
+        allocation."""
+        self._sizes[container_id] = (max(0, limit), Priority.of(qos))
+
+    def release(self, container_id: str) -> None:
+        """The container is gone: its memory is free (libmem ``Release``)."""
+        self._last.pop(container_id, None)
+        self._shown.pop(container_id, None)
+        self._sizes.pop(container_id, None)
+        self.allocator.release(container_id)
 
     def keep_only(self, container_ids: Iterable[str]) -> None:
-        """Forget the containers not in ``container_ids``."""
+        """Release the containers not in ``container_ids``."""
         alive = set(container_ids)
-        for cid in [c for c in self._last if c not in alive]:
-            del self._last[cid]
+        known = set(self._last) | set(self._sizes) | set(self.allocator.requests)
+        for cid in known - alive:
+            self.release(cid)
+
+    def current(self, container_id: str, default: int) -> int:
+        """The nodes of ``container_id`` now: what :meth:`mems` gave it, or where
+        a later allocation moved it."""
+        return self._shown.get(container_id, default)
+
+    def export(self) -> list[MemoryAllocation]:
+        return self.allocator.export()
+
+    def restore(self, saved: Iterable[MemoryAllocation], alive: set[str]) -> None:
+        """Take the saved allocations of the containers in ``alive``."""
+        for why in self.allocator.restore(saved, alive):
+            log.warning("cannot restore the memory allocation of %s, allocating anew", why)
 
     def mems(
         self,
@@ -206,11 +155,11 @@ class MemoryPlacer:
     ) -> int:
         """The memory nodes of container ``container_id`` on ``cpus``: types from
         its ``memory-type`` annotation (``annotation``) when set and valid, else
-        ``balloon_types``."""
+        ``balloon_types``. Other containers the allocation moved get their new
+        nodes from :meth:`current`."""
         key = (cpus, balloon_types, annotation)
-        last = self._last.get(container_id)
-        if last is not None and last[0] == key:
-            return last[1]
+        if self._last.get(container_id) == key and container_id in self._shown:
+            return self._shown[container_id]
         types = balloon_types
         if annotation is not None:
             try:
@@ -238,7 +187,13 @@ class MemoryPlacer:
             format_types(types),
         )
         try:
-            request = place(self.topology, cpus, types)
+            if self.allocator.assigned(container_id) is None:
+                limit, prio = self._sizes.get(container_id, (0, Priority.BURSTABLE))
+                nodes, updates = self.allocator.allocate(
+                    container_id, pretty, limit, affinity, types, prio
+                )
+            else:
+                nodes, updates = self.allocator.realloc(container_id, affinity, types)
         except MemoryPlacementError as exc:
             log.error(
                 "allocMem: falling back to %s, failed to allocate memory for %s: %s",
@@ -248,16 +203,21 @@ class MemoryPlacer:
             )
             nodes = affinity
         else:
-            nodes = request.nodes
-            if request.missing:
+            self._sizes.pop(container_id, None)
+            missing = types - frozenset(self.topology.memory_type_masks)
+            if missing:
                 log.warning(
                     "container %s: memory type(s) %s not present on this node (it has %s); "
                     "using %s",
                     pretty,
-                    format_types(request.missing),
+                    format_types(missing),
                     format_types(self.topology.memory_type_masks),
-                    format_types(types - request.missing) or "the nodes of its CPUs",
+                    format_types(types - missing) or "the nodes of its CPUs",
                 )
+            for other, zone in updates.items():
+                log.debug("  - moved %s to memory %s", other, cpuset.format(zone))
+                self._shown[other] = zone
             log.debug("  - allocated %s to memory %s", pretty, cpuset.format(nodes))
-        self._last[container_id] = (key, nodes)
+        self._last[container_id] = key
+        self._shown[container_id] = nodes
         return nodes

@@ -29,7 +29,7 @@ from nri_balloons import balloonclass
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.composite import new_composite, resize_composite
 from nri_balloons.config import BalloonsPolicySpec, BalloonType
-from nri_balloons.containers import limit_milli, request_milli
+from nri_balloons.containers import limit_milli, qos_class, request_milli
 from nri_balloons.cpuclass import CpuClassHandler, Writer
 from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.cputree import CpuTreeAllocator, ResizeError
@@ -45,7 +45,7 @@ from nri_balloons.fillmethod import FillMethod, fill_chain
 from nri_balloons.globmatch import go_match as glob_match
 from nri_balloons.gofmt import quote
 from nri_balloons.groupby import expand_group
-from nri_balloons.memplacement import MemoryPlacer, type_set
+from nri_balloons.memplacement import MemoryPlacer, memory_limit, type_set
 from nri_balloons.placement import Placement, TypeOptions, changes_placement
 from nri_balloons.sizing import share_idle
 from nri_balloons.sstlink import DEFAULT_WAIT, Wait
@@ -133,6 +133,7 @@ class BalloonsPolicy:
         self.placement = Placement.for_config(
             self.topology, self.host_root, prepared, self.priorities
         )
+        self.memory = MemoryPlacer(self.topology)  # upstream: a new libmem allocator
         self._configure_classes(prepared.spec, strict=True, wait=wait)
         for prio in PRIORITY_ORDER:
             for bdef in prepared.balloon_types:
@@ -183,11 +184,12 @@ class BalloonsPolicy:
             log.info("configuration changes only on CPU classes")
             self._swap_types(prepared, wait)
             return "classes"
-        current = self.placement
+        current, memory = self.placement, self.memory
         try:
             self.set_config(prepared, wait)
         except BalloonsError as exc:
             self.placement = current  # untouched: set_config built a new one
+            self.memory = memory
             if old is not None:  # the handler is shared: back to the running classes
                 self._configure_classes(old.spec, strict=False, wait=wait)
                 self.apply_cpu_classes()
@@ -556,11 +558,13 @@ class BalloonsPolicy:
         if member.group:
             bln.groups[member.group] += 1
         self.owner[member.id] = bln
+        self.memory.note(member.id, memory_limit(container), qos_class(pod, container))
         self._share_idle()
         log.info("assigning container %s to balloon %s", member.pretty, bln)
         return bln
 
     def release(self, container_id: str) -> None:
+        self.memory.release(container_id)  # upstream dismissContainer: libmem Release
         bln = self.owner.pop(container_id, None)
         if bln is None:
             log.debug(
@@ -593,6 +597,7 @@ class BalloonsPolicy:
         assert self.config is not None
         pin_cpu = self.config.spec.pin_cpu
         out: dict[str, tuple[str, str]] = {}
+        allocated: dict[str, int] = {}  # container id -> memory nodes allocated
         for bln in self.balloons:
             opts = self.options[bln.bdef.name]
             pinnable = bln.cpus | bln.shared_idle
@@ -612,10 +617,9 @@ class BalloonsPolicy:
                         hide = forced
                     keep_mems = bool(mems) and ann.memory_preserved(pod, ctr)
                     mem_type = ann.effective(ann.MEMORY_TYPE, pod, ctr)
-                mems_text = ""
                 if mems and not keep_mems:
-                    mems_text = cpuset.format(
-                        self.memory.mems(m.id, m.pretty, pinnable, mem_types, mem_type)
+                    allocated[m.id] = self.memory.mems(
+                        m.id, m.pretty, pinnable, mem_types, mem_type
                     )
                 if hide not in texts:
                     cpus = self.topology.single_thread(pinnable) if hide else pinnable
@@ -624,15 +628,19 @@ class BalloonsPolicy:
                     # upstream PreserveMemoryResources: the container keeps its own
                     # cpuset.mems; its CPUs are still the balloon's
                     log.debug("  - preserving %s pinning to memory", m.pretty)
-                out[m.id] = (texts[hide] if pin_cpu else "", mems_text)
-        self.memory.keep_only(out)
+                out[m.id] = (texts[hide] if pin_cpu else "", "")
+        self.memory.keep_only(allocated)
+        # after every allocation: a later one may have moved an earlier container
+        # (libmem: "other containers whose zones changed are updated")
+        for cid, nodes in allocated.items():
+            out[cid] = (out[cid][0], cpuset.format(self.memory.current(cid, nodes)))
         return out
 
     # -- state -----------------------------------------------------------------------
 
     def export(self) -> BalloonsState:
         """The state to save (:mod:`nri_balloons.state`)."""
-        return snapshot(self.balloons)
+        return snapshot(self.balloons, self.memory.export())
 
     def restore(self, saved: Any, alive: set[str]) -> set[str]:
         """Rebuild the balloons saved by :meth:`export` (this version or an older
@@ -654,6 +662,7 @@ class BalloonsPolicy:
         self.balloons = balloons
         self.free = self.allowed & ~taken
         self.owner = {m: b for b in balloons for m in b.members}
+        self.memory.restore(state.memory, set(self.owner))
         for bln in list(self.balloons):
             if not bln.members and len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
                 self.delete(bln)

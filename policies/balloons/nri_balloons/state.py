@@ -8,7 +8,10 @@ Versions:
   positional lists ``[id, pod_id, namespace, pod_name, name, request, limit,
   group]``. Still read: state files of running nodes have it.
 * 2: :class:`BalloonsState`, ``version: 2``; members are objects
-  (:class:`~nri_balloons.balloon.Member`).
+  (:class:`~nri_balloons.balloon.Member`). Since the memory zones (same
+  version: a file without them reads as no allocations, and a reader that
+  predates them ignores them): ``memory``, the containers' memory allocations
+  (:class:`~nri_balloons.memzones.MemoryAllocation`).
 
 A newer version than this code knows is not guessed at: the containers are placed
 anew.
@@ -26,6 +29,7 @@ from nri_framework import cpuset
 
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.config import BalloonType
+from nri_balloons.memzones import MemoryAllocation
 
 __all__ = ["STATE_VERSION", "BalloonsState", "SavedBalloon", "decode", "rebuild", "snapshot"]
 
@@ -47,6 +51,8 @@ class BalloonsState(msgspec.Struct, kw_only=True):
 
     version: int = STATE_VERSION
     balloons: list[SavedBalloon] = []
+    memory: list[MemoryAllocation] = []
+    """the containers' memory allocations (libmem's requests and zones)"""
 
 
 class _MemberV1(Member, array_like=True, forbid_unknown_fields=True):
@@ -95,8 +101,11 @@ def decode(saved: Any) -> BalloonsState | None:
     raise ValueError(f"unknown balloons state version {version!r}")
 
 
-def snapshot(balloons: list[Balloon]) -> BalloonsState:
-    """The state to save for ``balloons`` (the policy's top-level balloons)."""
+def snapshot(
+    balloons: list[Balloon], memory: list[MemoryAllocation] | None = None
+) -> BalloonsState:
+    """The state to save for ``balloons`` (the policy's top-level balloons) and
+    the containers' ``memory`` allocations."""
 
     def saved(b: Balloon) -> SavedBalloon:
         return SavedBalloon(
@@ -107,7 +116,7 @@ def snapshot(balloons: list[Balloon]) -> BalloonsState:
             members=list(b.members.values()),
         )
 
-    return BalloonsState(balloons=[saved(b) for b in balloons])
+    return BalloonsState(balloons=[saved(b) for b in balloons], memory=list(memory or ()))
 
 
 def rebuild(

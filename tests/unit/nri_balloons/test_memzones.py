@@ -1,0 +1,251 @@
+"""Memory zones (:mod:`nri_balloons.memzones`, upstream libmem's allocator): node
+capacity, spilling to the next-closest nodes, overcommit resolution by priority,
+Realloc keeping a zone, Release, and the saved allocations, on upstream's
+``n6-hbm-cxl`` machine (DRAM 0-1: 2 GiB, HBM 2-3: 1 GiB, PMEM 4-5: 4 GiB)."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import pytest
+from nri_balloons.configyaml import load_policy
+from nri_balloons.memplacement import MemoryPlacer
+from nri_balloons.memzones import (
+    MemoryAllocation,
+    MemoryAllocator,
+    MemoryPlacementError,
+    Priority,
+    human_size,
+    parse_types,
+)
+from nri_balloons.policy import BalloonsError, BalloonsPolicy
+from nri_balloons.state import BalloonsState, decode
+from nri_balloons.validation import PreparedConfig, validate
+from nri_framework import cpuset
+from nri_framework.kubelet_cpu import QOSClass
+from nri_framework.model import Container, MemoryResources, Pod, Resources
+from nri_framework.simulate.topologies import N6_HBM_CXL
+from topologies import topology
+
+M = 1 << 20
+NODE0 = 0b1
+HBM = parse_types("hbm")
+BURSTABLE, GUARANTEED = Priority.BURSTABLE, Priority.GUARANTEED
+
+
+def allocator() -> MemoryAllocator:
+    return MemoryAllocator(topology(N6_HBM_CXL))
+
+
+def zone(a: MemoryAllocator, cid: str) -> str:
+    z = a.assigned(cid)
+    assert z is not None, cid
+    return cpuset.format(z)
+
+
+def test_capacity_is_each_nodes_meminfo() -> None:
+    a = allocator()
+    assert a.zone_capacity(0b1) == 2048 * M
+    assert a.zone_capacity(0b100) == 1024 * M
+    assert a.zone_capacity(0b110000) == 8192 * M
+
+
+def test_a_limit_that_does_not_fit_its_hbm_node_spills_to_the_next_by_distance(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a = allocator()
+    assert a.allocate("small", "ns/p/small", 500 * M, NODE0, HBM, BURSTABLE) == (0b100, {})
+    a.release("small")
+    with caplog.at_level(logging.DEBUG, logger="libmem"):
+        got, moved = a.allocate("big", "ns/p/big", 1536 * M, NODE0, HBM, BURSTABLE)
+    # HBM node 2 (1 GiB, distance 15 from node 0) is too small: HBM node 3 joins
+    assert cpuset.format(got) == "2-3" and moved == {}
+    assert "  zone<2>: 512M" in caplog.messages
+    assert "  + zone<2> expanded by HBM 3 to 2-3" in caplog.messages
+
+
+def test_an_overcommitted_zone_moves_its_lowest_priority_container_first() -> None:
+    a = allocator()
+    a.allocate("g", "ns/p/g", 600 * M, NODE0, HBM, GUARANTEED)
+    got, moved = a.allocate("b", "ns/p/b", 600 * M, NODE0, HBM, BURSTABLE)
+    # the burstable one moves, younger or not, and the guaranteed one stays
+    assert (cpuset.format(got), moved) == ("2-3", {})
+    a = allocator()
+    a.allocate("b", "ns/p/b", 600 * M, NODE0, HBM, BURSTABLE)
+    got, moved = a.allocate("g", "ns/p/g", 600 * M, NODE0, HBM, GUARANTEED)
+    assert cpuset.format(got) == "2"
+    assert moved == {"b": 0b1100}  # the caller updates b's cpuset.mems
+    assert zone(a, "b") == "2-3"
+
+
+def test_on_a_tie_the_smaller_then_the_younger_moves() -> None:
+    a = allocator()
+    a.allocate("old", "ns/p/old", 300 * M, NODE0, HBM, BURSTABLE)
+    a.allocate("big", "ns/p/big", 500 * M, NODE0, HBM, BURSTABLE)
+    _, moved = a.allocate("young", "ns/p/young", 300 * M, NODE0, HBM, BURSTABLE)
+    # 1100M in 1 GiB: one 300M container frees enough, the youngest of the two
+    assert moved == {} and zone(a, "young") == "2-3"
+    assert (zone(a, "old"), zone(a, "big")) == ("2", "2")
+
+
+def test_a_failed_allocation_changes_nothing() -> None:
+    a = allocator()
+    a.allocate("b", "ns/p/b", 900 * M, NODE0, HBM, BURSTABLE)
+    with pytest.raises(MemoryPlacementError) as err:
+        a.allocate("huge", "ns/p/huge", 64 << 30, NODE0, HBM, GUARANTEED)
+    assert str(err.value).startswith(
+        "libmem: insufficient available memory: failed to resolve overcommit, zones nodes{"
+    )
+    assert a.assigned("huge") is None
+    assert zone(a, "b") == "2"  # moved while trying, then put back (libmem's journal)
+
+
+def test_a_request_for_unknown_nodes_or_twice_is_refused() -> None:
+    a = allocator()
+    with pytest.raises(MemoryPlacementError, match=r"unknown nodes requested \(0,40\)"):
+        a.allocate("c", "", 0, 1 | 1 << 40, HBM, BURSTABLE)
+    a.allocate("c", "", 0, NODE0, HBM, BURSTABLE)
+    with pytest.raises(MemoryPlacementError, match="allocation already exists"):
+        a.allocate("c", "", 0, 0b10, HBM, BURSTABLE)
+    assert zone(a, "c") == "2"
+
+
+def test_zero_limit_uses_no_capacity() -> None:
+    a = allocator()
+    for i in range(20):
+        assert a.allocate(f"c{i}", "", 0, NODE0, HBM, BURSTABLE) == (0b100, {})
+    assert a.zone_usage(0b100) == 0
+
+
+def test_realloc_keeps_the_zone_from_the_last_allocation() -> None:
+    a = allocator()
+    a.allocate("big", "ns/p/big", 1536 * M, NODE0, HBM, BURSTABLE)
+    # pinned again on the same nodes: the spilled zone stays (not recomputed: 2)
+    assert a.realloc("big", NODE0, HBM) == (0b1100, {})
+    a.allocate("d", "ns/p/d", 0, NODE0, (), BURSTABLE)
+    assert zone(a, "d") == "0"
+    # the balloon grows to node 1: the zone grows, never shrinks
+    assert a.realloc("d", 0b11, ()) == (0b11, {})
+    assert a.realloc("d", NODE0, ()) == (0b11, {})
+    # a type it lacks (its annotation changed): the closest node of that type joins
+    assert a.realloc("d", NODE0, HBM) == (0b1111, {})  # 2 next to node 0, 3 to node 1
+
+
+def test_release_frees_the_capacity() -> None:
+    a = allocator()
+    a.allocate("first", "ns/p/first", 800 * M, NODE0, HBM, BURSTABLE)
+    assert a.release("first") and not a.release("first")
+    assert a.allocate("second", "ns/p/second", 800 * M, NODE0, HBM, BURSTABLE) == (0b100, {})
+
+
+def test_allocations_are_saved_and_restored() -> None:
+    a = allocator()
+    a.allocate("big", "ns/p/big", 1536 * M, NODE0, HBM, GUARANTEED)
+    a.allocate("d", "ns/p/d", 100 * M, NODE0, (), BURSTABLE)
+    saved = msgspec.json.decode(msgspec.json.encode(a.export()), type=list[MemoryAllocation])
+    b = allocator()
+    assert b.restore(saved, {"big", "d"}) == []
+    assert b.export() == a.export()
+    # the next request is younger than the restored ones
+    b.allocate("new", "", 0, NODE0, (), BURSTABLE)
+    assert b.requests["new"].created > b.requests["d"].created
+
+
+def test_a_bad_saved_allocation_is_dropped_named_and_the_rest_kept() -> None:
+    good = MemoryAllocation(id="ok", limit=M, affinity="0", types="DRAM", zone="0")
+    bad = [
+        MemoryAllocation(id="far", affinity="0", zone="9"),
+        MemoryAllocation(id="huge", affinity="0", zone="0-99999999"),
+        MemoryAllocation(id="type", affinity="0", types="XPOINT", zone="0"),
+        MemoryAllocation(id="neg", limit=-1, affinity="0", zone="0"),
+    ]
+    a = allocator()
+    alive = {"ok", "far", "huge", "type", "neg"}
+    dropped = a.restore([good, *bad, MemoryAllocation(id="gone", affinity="0", zone="0")], alive)
+    assert [d.split(":")[0] for d in dropped] == ["far", "huge", "type", "neg"]
+    assert set(a.requests) == {"ok"}
+
+
+def test_old_state_without_allocations_still_reads() -> None:
+    state = decode({"version": 2, "balloons": []})
+    assert isinstance(state, BalloonsState) and state.memory == []
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(512, "512"), (1024, "1k"), (300 * M, "300M"), (1536 * M, "1.5G"), (1 << 40, "1T")],
+)
+def test_human_size_as_libmem(size: int, text: str) -> None:
+    assert human_size(size) == text
+
+
+def test_a_limit_no_zone_can_hold_falls_back_and_moves_no_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    placer = MemoryPlacer(topology(N6_HBM_CXL))
+    placer.note("small", 600 * M, QOSClass.BURSTABLE)
+    assert placer.mems("small", "ns/p/small", 0b1111, HBM, None) == 0b100
+    placer.note("huge", 1 << 62, QOSClass.GUARANTEED)
+    with caplog.at_level(logging.INFO):
+        assert placer.mems("huge", "ns/p/huge", 0b1111, HBM, None) == NODE0
+    assert any(
+        m.startswith(
+            "allocMem: falling back to 0, failed to allocate memory for ns/p/huge: "
+            "libmem: insufficient available memory: failed to resolve overcommit"
+        )
+        for m in caplog.messages
+    ), caplog.messages
+    assert placer.current("small", 0) == 0b100
+    assert placer.allocator.assigned("huge") is None
+    # gone: its memory is free, its remembered request too
+    placer.keep_only(["huge"])
+    assert placer.allocator.assigned("small") is None
+
+
+HBM_TYPE = """
+reservedResources: {cpu: "cpuset:0"}
+pinMemory: true
+balloonTypes:
+- {name: hbm, namespaces: ["*"], minCPUs: 1, maxCPUs: 1, maxBalloons: 1, memoryTypes: [HBM]}
+"""
+IMPOSSIBLE = """
+reservedResources: {cpu: "cpuset:0"}
+balloonTypes:
+- {name: hbm, namespaces: ["*"], minBalloons: 2, minCPUs: 10}
+"""
+
+
+def prepared(text: str) -> PreparedConfig:
+    result = validate(load_policy(text), online_cpus=topology(N6_HBM_CXL).online)
+    assert result.prepared is not None, result.errors
+    return result.prepared
+
+
+def test_the_policy_accounts_limits_and_a_failed_reconfigure_keeps_them() -> None:
+    policy = BalloonsPolicy(topology(N6_HBM_CXL))
+    policy.set_config(prepared(HBM_TYPE))
+    pod = Pod(id="p", name="p", namespace="default", cgroup_parent="/kubepods/burstable/p")
+    running = []
+    for name, limit in (("c0", 300 * M), ("c1", 800 * M)):
+        c = Container(
+            id=name,
+            pod_sandbox_id="p",
+            name=name,
+            resources=Resources(memory=MemoryResources(limit=limit)),
+        )
+        policy.allocate(pod, c)
+        running.append((pod, c))
+        pins = policy.pinning(lambda _pid: pod)
+    own = pins["c1"][1]
+    assert len(own) == 1 and pins["c0"][1] == "2-3"  # 300M + 800M: the smaller moved
+    with pytest.raises(BalloonsError, match=r"^balloons: config update failed: "):
+        policy.reconfigure(prepared(IMPOSSIBLE), running)
+    assert policy.pinning(lambda _pid: pod) == pins
+    assert [m.id for m in policy.export().memory] == ["c0", "c1"]
+    # a new configuration (no memoryTypes): a new allocator, every container
+    # allocated again in order (a kept zone would only grow: 0,2-3)
+    policy.reconfigure(prepared(HBM_TYPE.replace(", memoryTypes: [HBM]", "")), running)
+    pins = policy.pinning(lambda _pid: pod)
+    assert pins["c0"][1] == pins["c1"][1] and len(pins["c0"][1]) == 1, pins
+    assert [m.limit for m in policy.export().memory] == [300 * M, 800 * M]
