@@ -99,8 +99,9 @@ def test_a_wide_node_wraps(state: dict[str, Any]) -> None:
     del cmap["topology"]["packages"][0]["dies"][0]["nodes"][1:]
     text = cpumap.render(cpumap.cpu_map_of(state))
     assert max(len(line) for line in text.splitlines()) <= cpumap.WIDTH
-    seen = [c for cpus, _ in thread_rows(text) for c in cpus]
-    assert sorted(seen) == list(range(256))
+    rows = list(thread_rows(text))
+    assert all(len(cells) == len(cpus) for cpus, cells in rows)
+    assert sorted(c for cpus, _ in rows for c in cpus) == list(range(256))
 
 
 def test_colour_on_and_off(state: dict[str, Any]) -> None:
