@@ -254,8 +254,10 @@ def policy_inspect() -> dict[str, Any] | None:
     every value that is a list of dicts as a table titled by its key (columns:
     the keys of the rows, scalars first, in order of first appearance), and a
     ``containers`` dict ``{container id: {column: value}}`` as extra columns of
-    its container table. Stops at the first non-None result: that dict
-    (``None``: the policy has nothing to show).
+    its container table. A ``cpu_map`` dict shaped as
+    :class:`nri_framework.cpumap.CpuMap` (the topology's skeleton, what each
+    CPU shows, a legend) is what ``inspect --map`` draws. Stops at the first
+    non-None result: that dict (``None``: the policy has nothing to show).
     """
 
 

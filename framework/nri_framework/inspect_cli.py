@@ -14,19 +14,28 @@ exactly when the policy reports it. The columns the policy names in
 ``sim`` backend) are headed ``NAME(SIM)``, and its ``frequency_source`` line
 says ``(simulated)``.
 
-    nri-resource-policy inspect [--address HOST:PORT] [--json]
+``--map`` draws the policy's CPU map instead (:mod:`nri_framework.cpumap`),
+coloured on a terminal unless ``NO_COLOR`` is set; ``--watch SECONDS``
+redraws it (or the tables) every SECONDS, in place on a terminal (clear and
+home), one frame after another otherwise, until Ctrl-C (exit status 0). A
+frame whose reading fails says why and the watch goes on.
+
+    nri-resource-policy inspect [--address HOST:PORT] [--json] [--map] [--watch SECONDS]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import IO, Any
 
+from nri_framework import cpumap
 from nri_framework.instrumentation import DEFAULT_PORT, AddressError, parse_address
 
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
@@ -34,6 +43,10 @@ DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 SECTION_ORDER = ("balloons", "containers", "cpus", "punits")
 #: The framework's container columns, before the policy's.
 CONTAINER_COLUMNS = ("container", "state", "cpus", "mems")
+MAX_STATE = 64 << 20
+"""Bytes of ``/debug/state`` read at most (a 4096-CPU node's is a few MB)."""
+CLEAR = "\x1b[H\x1b[2J"
+"""Home and clear: a ``--watch`` frame on a terminal."""
 
 
 def url_for(address: str, path: str = "/debug/state") -> str:
@@ -46,9 +59,18 @@ def url_for(address: str, path: str = "/debug/state") -> str:
     return f"http://{host}:{port}{path}"
 
 
-def fetch_state(address: str, timeout: float = 5.0) -> dict[str, Any]:
+class StateError(ValueError):
+    """A ``/debug/state`` answer that is not a JSON object of bounded size."""
+
+
+def fetch_state(address: str, timeout: float = 5.0, limit: int = MAX_STATE) -> dict[str, Any]:
     with urllib.request.urlopen(url_for(address), timeout=timeout) as resp:
-        state: dict[str, Any] = json.load(resp)
+        body = resp.read(limit + 1)
+    if len(body) > limit:
+        raise StateError(f"/debug/state is larger than {limit} bytes")
+    state = json.loads(body)
+    if not isinstance(state, dict):
+        raise StateError("/debug/state is not a JSON object")
     return state
 
 
@@ -153,6 +175,69 @@ def render(state: Mapping[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def read_error(address: str, exc: Exception) -> str:
+    """What a failed reading of ``address`` prints."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return (
+        f"nri-resource-policy inspect: cannot read {url_for(address)}: {reason} "
+        "(is the plugin running with --metrics-address?)"
+    )
+
+
+READ_ERRORS = (urllib.error.URLError, OSError, ValueError)
+"""What a reading of ``/debug/state`` may raise (JSON and size errors are ValueErrors)."""
+
+
+def frame(address: str, timeout: float, draw: Callable[[dict[str, Any]], str]) -> tuple[int, str]:
+    """One reading drawn: (exit status, text); a failure is its message."""
+    try:
+        return 0, draw(fetch_state(address, timeout))
+    except cpumap.MapError as exc:
+        return 1, f"nri-resource-policy inspect: {exc}\n"
+    except READ_ERRORS as exc:
+        return 1, read_error(address, exc) + "\n"
+
+
+def watch(
+    next_frame: Callable[[], str],
+    every: float,
+    out: IO[str],
+    *,
+    in_place: bool,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    frames: int | None = None,
+) -> int:
+    """Draw ``next_frame()`` every ``every`` seconds (on a fixed schedule from
+    the first frame: a slow reading does not drift it) until Ctrl-C, or
+    ``frames`` times; exit status 0."""
+    start = clock()
+    n = 0
+    try:
+        while frames is None or n < frames:
+            text = next_frame()
+            if in_place:
+                out.write(CLEAR + text)
+            else:
+                out.write(("\n" if n else "") + text)
+            out.flush()
+            n += 1
+            if frames is not None and n >= frames:
+                break
+            due = start + every * max(n, math.floor((clock() - start) / every) + 1)
+            sleep(max(0.0, due - clock()))
+    except KeyboardInterrupt:
+        out.write("\n")
+    return 0
+
+
+def positive_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="nri-resource-policy inspect", description=__doc__.split("\n\n")[0]
@@ -163,23 +248,38 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the plugin's --metrics-address (default {DEFAULT_ADDRESS}; ':PORT' = localhost)",
     )
     parser.add_argument("--json", action="store_true", help="print /debug/state as it is")
+    parser.add_argument(
+        "--map", action="store_true", help="draw the node's CPUs: each one's balloon, CLOS, MHz"
+    )
+    parser.add_argument(
+        "--watch",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS until Ctrl-C",
+    )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     args = parser.parse_args(argv)
     try:
-        state = fetch_state(args.address, args.timeout)
+        url_for(args.address)
     except AddressError as exc:
         print(f"nri-resource-policy inspect: {exc}", file=sys.stderr)
         return 2
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        print(
-            f"nri-resource-policy inspect: cannot read {url_for(args.address)}: {reason} "
-            "(is the plugin running with --metrics-address?)",
-            file=sys.stderr,
-        )
-        return 1
+    out = sys.stdout
+    draw: Callable[[dict[str, Any]], str]
     if args.json:
-        print(json.dumps(state, indent=2))
+        draw = lambda state: json.dumps(state, indent=2) + "\n"  # noqa: E731
+    elif args.map:
+        colour = cpumap.use_colour(out)
+        draw = lambda state: cpumap.render(cpumap.cpu_map_of(state), colour=colour)  # noqa: E731
     else:
-        sys.stdout.write(render(state))
-    return 0
+        draw = render
+    if args.watch is not None:
+        return watch(
+            lambda: frame(args.address, args.timeout, draw)[1],
+            args.watch,
+            out,
+            in_place=out.isatty(),
+        )
+    status, text = frame(args.address, args.timeout, draw)
+    (out if status == 0 else sys.stderr).write(text)
+    return status

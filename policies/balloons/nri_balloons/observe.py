@@ -52,7 +52,8 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from nri_framework import cpuset
+import msgspec
+from nri_framework import cpumap, cpuset
 from nri_framework.contract import MetricFamily
 from nri_framework.topology import TreeNode
 
@@ -363,6 +364,65 @@ def _add_frequencies(out: dict[str, Any], policy: BalloonsPolicy, interval: Inte
             out["simulated_columns"] = columns
 
 
+MAP_KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+"""Legend keys of the balloons on the CPU map, in :attr:`BalloonsPolicy.balloons` order."""
+MAP_OTHERS = "+"
+"""The key of every balloon beyond :data:`MAP_KEYS`."""
+MAP_PLACES = {"reserved": "=", "free": ".", "not allowed": "#"}
+"""Keys of the CPUs no balloon owns."""
+
+
+def _cpu_map(policy: BalloonsPolicy, out: dict[str, Any], interval: Interval) -> cpumap.CpuMap:
+    """``inspect --map``: each CPU's balloon (a key per balloon, composite
+    balloons by component), its CLOS when PCT reports one, its busy MHz when
+    the inspect interval has them; the punits as domains."""
+    rows = {r["name"]: r for r in out["balloons"]}
+    names = [b.name for top in policy.balloons for b in top.walk() if not b.components]
+    owned = {r["balloon"] for r in out["cpus"]}
+    keys: dict[str, str] = {}
+    legend: list[cpumap.LegendEntry] = []
+    others = 0
+    sim = "(SIM)" if interval.after is not None and interval.after.simulated else ""
+    for name in (n for n in names if n in owned):
+        if len(keys) < len(MAP_KEYS):
+            keys[name] = MAP_KEYS[len(keys)]
+            row = rows.get(name, {})
+            text = [str(row.get("type", "")), f"cpus {row.get('cpus', '')}"] if row else []
+            if row.get("punit"):
+                text.append("punit " + ",".join(row["punit"]))
+            if row.get("busy_mhz") is not None:
+                text.append(f"busy {row['busy_mhz']} MHz{sim}")
+            legend.append(cpumap.LegendEntry(keys[name], name, "  ".join(text)))
+        else:
+            keys[name] = MAP_OTHERS
+            others += 1
+    if others:
+        legend.append(cpumap.LegendEntry(MAP_OTHERS, f"{others} more balloon(s)"))
+    for place, key in MAP_PLACES.items():
+        if place in owned and place not in keys:
+            keys[place] = key
+            legend.append(cpumap.LegendEntry(key, place, plain=True))
+    per_cpu = interval.seconds is not None
+    cells = []
+    punits: dict[str, list[int]] = {}
+    for r in out["cpus"]:
+        cpu = r["cpu"]
+        mhz = interval.busy_mhz([cpu]) if per_cpu else None
+        clos = r.get("clos")
+        mark = str(clos) if isinstance(clos, int) and 0 <= clos <= 9 else ""
+        cells.append(cpumap.Cell(cpu, keys[r["balloon"]], mark, round(mhz) if mhz else None))
+        if r.get("punit"):
+            punits.setdefault(r["punit"], []).append(cpu)
+    return cpumap.CpuMap(
+        topology=cpumap.skeleton(policy.topology),
+        cells=cells,
+        legend=legend,
+        domains=[cpumap.Domain(f"punit {name}", cpus) for name, cpus in punits.items()],
+        mark_title="CLOS" if any(c.mark for c in cells) else "",
+        simulated=bool(sim),
+    )
+
+
 def inspect(
     policy: BalloonsPolicy | None, busy: BusyFrequency | None = None
 ) -> dict[str, Any] | None:
@@ -391,6 +451,8 @@ def inspect(
     punits = _punit_rows(pct) if pct is not None else []
     if punits:
         out["punits"] = punits
+    interval = busy.interval("inspect") if busy is not None else Interval()
     if busy is not None:
-        _add_frequencies(out, policy, busy.interval("inspect"))
+        _add_frequencies(out, policy, interval)
+    out["cpu_map"] = msgspec.to_builtins(_cpu_map(policy, out, interval))
     return out

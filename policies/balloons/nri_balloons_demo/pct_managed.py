@@ -7,9 +7,11 @@ the plugin's ``pct:`` lines (:func:`step_4`), the pods (:func:`step_5`), the
 associations (:func:`step_6_1`), the NRT balloon and container tables
 (:func:`step_6_5`), the SST state (:func:`step_6_2`), the CLOS of every pinned
 CPU (:func:`step_6_3`), the punit of each HP balloon (:func:`step_6_4`,
-:func:`inspect_punits`), reporter lines beside the plugin's own busy MHz and CLOS bounds
-(:func:`step_7`, :func:`plugin_frequencies`: no privileged pod) and the A/B of step 8
-(:func:`step_8`), then the teardown (:func:`step_9_1`, :func:`step_9_2`).
+:func:`inspect_punits`, and the CPU map beside them, :func:`map_at_6_4`),
+reporter lines beside the plugin's own busy MHz and CLOS bounds
+(:func:`step_7`, :func:`plugin_frequencies`: no privileged pod) and the A/B of
+step 8 (:func:`step_8`, the CPU map once more: :func:`map_after_8`), then the
+teardown (:func:`step_9_1`, :func:`step_9_2`).
 Reporter figures are simulated (see :mod:`.node`). Every expectation the spec
 states is checked; the exit status is non-zero when one fails.
 """
@@ -23,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nri_framework import cpuset
+from nri_framework import cpumap, cpuset
 from nri_framework.inspect_cli import render
 
 from nri_balloons_demo.checks import Checks, finish, section
@@ -221,6 +223,66 @@ def inspect_punits(w: Walk) -> None:
     )
 
 
+def show_map(w: Walk, title: str) -> cpumap.CpuMap:
+    """``nri-resource-policy inspect --map``: the node's CPUs, each one's
+    balloon, CLOS and busy MHz (simulated), as a pipe shows it (no colour)."""
+    section(f"nri-resource-policy inspect --address {w.n.metrics} --map: {title}")
+    cmap = cpumap.cpu_map_of(w.n.state())
+    text = cpumap.render(cmap)
+    print("\n".join(("  " + x).rstrip() for x in text.rstrip("\n").splitlines()))
+    cells = {c.cpu: c for c in cmap.cells}
+    w.c.check(
+        sorted(cells) == list(range(256)) and max(len(x) for x in text.splitlines()) <= 120,
+        "the map shows each of the 256 CPUs once, in 120 columns",
+    )
+    w.c.check(
+        {cells[c].key for c in cpuset.ids(cpuset.parse(RESERVED))} == {"="},
+        f"the map shows the reserved CPUs {RESERVED}",
+    )
+    return cmap
+
+
+def hp_keys_on_clos_0(w: Walk, cmap: cpumap.CpuMap, pods: list[Pod]) -> set[str]:
+    """The map's keys of ``pods``' CPUs, checked to show CLOS 0."""
+    cells = {c.cpu: c for c in cmap.cells}
+    cpus = [cpu for p in pods for cpu in cpuset.ids(p.cpus)]
+    w.c.check(
+        all(cells[c].mark == "0" for c in cpus),
+        "the map shows CLOS 0 on every HP CPU",
+    )
+    return {cells[c].key for c in cpus}
+
+
+def map_at_6_4(w: Walk) -> None:
+    """Step 6.4 on the map: four HP keys on four punits, the LP balloon at CLOS 3."""
+    cmap = show_map(w, "step 6.4")
+    cells = {c.cpu: c for c in cmap.cells}
+    keys = [{cells[c].key for c in cpuset.ids(p.cpus)} for p in w.hp]
+    w.c.check(
+        all(len(k) == 1 for k in keys) and len(set.union(*keys)) == 4,
+        "the map shows each HP balloon under its own key",
+    )
+    hp_keys_on_clos_0(w, cmap, w.hp)
+    lp = {(cells[c].key, cells[c].mark) for c in cpuset.ids(w.lp_pod.cpus)}
+    w.c.check(len(lp) == 1 and next(iter(lp))[1] == "3", "the map shows the LP balloon at CLOS 3")
+
+
+def map_after_8(w: Walk, ab: Pod) -> None:
+    """After step 8: the A/B pod in the LP balloon at CLOS 3, its busy MHz below the HP's."""
+    w.n.state()  # pct-hp-on-lp's CPUs joined lp-bln: the inspect interval of them starts here
+    time.sleep(0.2)
+    cmap = show_map(w, "after step 8")
+    cells = {c.cpu: c for c in cmap.cells}
+    ab_cells = [cells[c] for c in cpuset.ids(ab.cpus)]
+    w.c.check({c.mark for c in ab_cells} == {"3"}, "the map shows pct-hp-on-lp's CPUs at CLOS 3")
+    hp_mhz = [cells[c].mhz for p in w.hp for c in cpuset.ids(p.cpus)]
+    ab_mhz = [c.mhz for c in ab_cells if c.mhz is not None]
+    w.c.check(
+        bool(ab_mhz) and all(m is not None and m > max(ab_mhz) for m in hp_mhz),
+        "the map's busy MHz: every HP CPU above pct-hp-on-lp's (simulated)",
+    )
+
+
 def scrape(w: Walk) -> str:
     """The plugin's ``/metrics``, as Prometheus scrapes it."""
     with urllib.request.urlopen(f"http://{w.n.metrics}/metrics", timeout=5) as r:
@@ -292,6 +354,7 @@ async def step_8(w: Walk) -> None:
         "per-thread events/s drop by the frequency ratio (LP base / HP turbo)",
     )
     w.c.check(set(w.n.clos(cpuset.ids(ab.cpus)).values()) == {3}, "pct-hp-on-lp runs on CLOS 3")
+    map_after_8(w, ab)
 
 
 async def step_9_1(w: Walk) -> None:
@@ -329,6 +392,7 @@ async def walkthrough(n: Node, c: Checks) -> None:
     step_6_3(w)
     step_6_4(w)
     inspect_punits(w)
+    map_at_6_4(w)
     step_7(w)
     await step_8(w)
     await step_9_1(w)
