@@ -78,7 +78,7 @@ for the helper already; an absent one is listed later)."""
 RETRY_MIN = 0.5
 RETRY_MAX = 10.0
 """Seconds between background commits while the SST helper is away (doubling)."""
-ALL_LOGGERS = ("policy", "cpuclass", "irq", "nri_framework")
+ALL_LOGGERS = ("policy", "cpuclass", "irq", "libmem", "nri_framework")
 MAX_REPORTED = 20
 """Errors (and warnings) of one configuration that are reported."""
 

@@ -249,3 +249,16 @@ def test_the_policy_accounts_limits_and_a_failed_reconfigure_keeps_them() -> Non
     pins = policy.pinning(lambda _pid: pod)
     assert pins["c0"][1] == pins["c1"][1] and len(pins["c0"][1]) == 1, pins
     assert [m.limit for m in policy.export().memory] == [300 * M, 800 * M]
+
+
+def test_log_debug_star_debugs_libmem() -> None:
+    """``log.debug: ["*"]`` reaches the memory allocator's ``libmem`` logger too."""
+    from nri_balloons.plugin import Balloons
+
+    plugin = Balloons()
+    plugin.debug_loggers(["*"])
+    try:
+        assert logging.getLogger("libmem").level == logging.DEBUG
+    finally:
+        plugin.debug_loggers([])
+    assert logging.getLogger("libmem").level == logging.NOTSET
