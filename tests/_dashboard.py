@@ -33,7 +33,8 @@ _GROUPING = re.compile(
 _VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+")
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 _KEYWORDS = frozenset(
-    "by without on ignoring group_left group_right and or unless offset bool inf nan".split()
+    {"by", "without", "on", "ignoring", "group_left", "group_right"}
+    | {"and", "or", "unless", "offset", "bool", "inf", "nan"}
 )
 # label_values(metric, label): the template variables' queries
 _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)\s*$")
