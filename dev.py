@@ -83,9 +83,26 @@ def ensure_venv(env: Path) -> Path:
 
 
 def pip_install(py: Path, *args: str) -> None:
-    subprocess.run(
-        [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True
-    )
+    """``pip install --quiet``, saying at least every 10 s that it still runs
+    (tests/_progress.py; pip's own errors go to the terminal)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _progress import Progress, tree_size  # stdlib only
+
+    cmd = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args]
+    site = py.parent.parent / "lib"
+    before = tree_size(site)
+    with Progress("dev.py:").step(f"pip install {' '.join(args)}", watch=site) as step:
+        proc = subprocess.Popen(cmd)
+        while True:
+            try:
+                proc.wait(timeout=step.poll)
+                break
+            except subprocess.TimeoutExpired:
+                step.tick()
+        if proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
+    if tree_size(site) == before:
+        say(f"cached: {' '.join(args)} already installed in {py.parent.parent}")
 
 
 def cmd_demo(rest: list[str]) -> int:

@@ -3,7 +3,8 @@
 One home for what the tiers that need real binaries share (e2e: containerd, the
 UAPI check: a kernel header, k8s: apiextensions-apiserver + etcd):
 
-* :func:`run`: a command with captured output that raises on failure;
+* :func:`run`: a command with captured output that raises on failure (and,
+  given a :class:`_progress.Step`, ticks it while the command runs);
 * :func:`apt_config`: a private ``APT_CONFIG`` (sources, lists, cache, optionally
   its own empty dpkg status) under a directory of the caller's; ``/etc/apt`` and
   the system's lists stay untouched;
@@ -20,9 +21,14 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _progress import Step
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
@@ -44,17 +50,44 @@ def run(
     check: bool = True,
     timeout: float = 600,
     error: type[Exception] = CommandError,
+    progress: Step | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` capturing text output; raise ``error`` if ``check`` and it fails."""
-    proc = subprocess.run(
-        cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False
-    )
+    """Run ``cmd`` capturing text output; raise ``error`` if ``check`` and it fails.
+
+    ``progress``: tick that step every ``progress.poll`` seconds while waiting
+    (a line at least every :data:`_progress.EVERY` seconds of its clock)."""
+    if progress is None:
+        proc = subprocess.run(
+            cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False
+        )
+    else:
+        proc = _run_ticking(cmd, cwd, env, timeout, progress)
     if check and proc.returncode != 0:
         raise error(
             f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
             f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
         )
     return proc
+
+
+def _run_ticking(
+    cmd: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: float, step: Step
+) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(
+        cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as popen:
+        while True:
+            try:
+                out, err = popen.communicate(timeout=step.poll)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    popen.kill()
+                    popen.communicate()
+                    raise subprocess.TimeoutExpired(cmd, timeout) from None
+                step.tick()
+    return subprocess.CompletedProcess(cmd, popen.returncode, out, err)
 
 
 def apt_config(apt: Path, sources: str, *, own_status: bool = False) -> Path:
@@ -96,13 +129,19 @@ def apt_env(conf: Path) -> dict[str, str]:
     return dict(os.environ, APT_CONFIG=str(conf), DEBIAN_FRONTEND="noninteractive")
 
 
-def dpkg_extract(debs: Iterable[Path], root: Path, *, jobs: int = 4) -> None:
-    """``dpkg -x`` every ``.deb`` into ``root`` (a few at a time)."""
+def dpkg_extract(
+    debs: Iterable[Path], root: Path, *, jobs: int = 4, progress: Step | None = None
+) -> None:
+    """``dpkg -x`` every ``.deb`` into ``root`` (a few at a time), ticking ``progress``."""
     root.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for f in [
+        futures = [
             pool.submit(run, ["dpkg", "-x", str(deb), str(root)], timeout=600) for deb in debs
-        ]:
+        ]
+        if progress is not None:
+            while wait(futures, timeout=progress.poll).not_done:
+                progress.tick(f"{sum(f.done() for f in futures)}/{len(futures)} packages")
+        for f in futures:
             f.result()
 
 

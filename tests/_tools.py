@@ -49,6 +49,7 @@ from _debian import (
     dpkg_extract,
     run,
 )
+from _progress import Progress
 
 #: bump when the recipe changes: a cache of another recipe is redone
 RECIPE = 1
@@ -188,6 +189,7 @@ def fetch(cache: Path | str | None = None, *, say: Callable[[str], None] = print
     """
     cache = (Path(cache).expanduser() if cache else cache_dir()).resolve()
     if tools := cached(cache):
+        Progress("[tools]", write=say).cached(f"kubectl, jq in {cache}")
         return tools
     for tool in ("apt-get", "dpkg", "bash"):
         if shutil.which(tool) is None:
@@ -208,11 +210,14 @@ def fetch(cache: Path | str | None = None, *, say: Callable[[str], None] = print
                 env = apt_env(
                     apt_config(cache / f"apt-{suite}", debian_source(suite), own_status=True)
                 )
-                say(f"[tools] apt-get update ({suite}); download {' '.join(names)}")
-                run(["apt-get", "update", "-q"], env=env, timeout=900, error=ToolsError)
-                run(["apt-get", "download", "-q", *names], cwd=debs, env=env, timeout=900,
-                    error=ToolsError)  # fmt: skip
-            dpkg_extract(sorted(debs.glob("*.deb")), root)
+                what = f"apt-get update ({suite}); download {' '.join(names)}"
+                with Progress("[tools]", write=say).step(what, watch=debs) as st:
+                    run(["apt-get", "update", "-q"], env=env, timeout=900, error=ToolsError,
+                        progress=st)  # fmt: skip
+                    run(["apt-get", "download", "-q", *names], cwd=debs, env=env, timeout=900,
+                        error=ToolsError, progress=st)  # fmt: skip
+            with Progress("[tools]", write=say).step("dpkg -x", watch=root) as st:
+                dpkg_extract(sorted(debs.glob("*.deb")), root, progress=st)
         except CommandError as e:
             raise ToolsError(str(e)) from None
         finally:  # the .debs and the suites' package lists (~130 MB) are not needed again

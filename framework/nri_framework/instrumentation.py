@@ -64,14 +64,19 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgspec
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder
 
 from nri_framework import __version__
@@ -97,6 +102,61 @@ ROUTES = ("/healthz", "/livez", "/metrics", "/debug/state")
 SCRAPE_WAIT = 1.0
 """Seconds a scrape waits for the policy's :func:`~nri_framework.hookspecs.policy_before_scrape`."""
 SCRAPED = ("/metrics", "/debug/state")
+
+
+REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+"""Upper bounds (seconds) of :class:`RequestLatency`'s buckets; the runtime gives up at 2 s."""
+
+
+class RequestLatency:
+    """How long the plugin took to answer each NRI request, by method: the
+    histogram ``nri_resource_policy_nri_request_duration_seconds`` (from the
+    request's last byte read to its answer handed to the socket: decode, the
+    policy's hooks, the journal, encode). The stub times only the methods it
+    serves (its handler table), so the label set is bounded whatever the runtime
+    sends. ``clock`` is injectable (tests)."""
+
+    NAME = HOST_PREFIX + "nri_request_duration_seconds"
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.perf_counter,
+        buckets: tuple[float, ...] = REQUEST_BUCKETS,
+    ) -> None:
+        self.clock = clock
+        self.buckets = buckets
+        #: per method: requests per bucket (not cumulative; the last one is +Inf)
+        self.counts: dict[str, list[int]] = {}
+        self.sums: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timing(self, method: str) -> Iterator[None]:
+        """Observe the time the ``with`` body takes, also when it raises."""
+        started = self.clock()
+        try:
+            yield
+        finally:
+            self.observe(method, self.clock() - started)
+
+    def observe(self, method: str, seconds: float) -> None:
+        counts = self.counts.setdefault(method, [0] * (len(self.buckets) + 1))
+        slot = next((i for i, le in enumerate(self.buckets) if seconds <= le), len(self.buckets))
+        counts[slot] += 1
+        self.sums[method] = self.sums.get(method, 0.0) + seconds
+
+    def family(self) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(
+            self.NAME,
+            "Seconds the plugin took to answer an NRI request, by method",
+            labels=["method"],
+        )
+        for method in sorted(self.counts):
+            total, cumulative = 0, []
+            for le, n in zip((*self.buckets, float("inf")), self.counts[method], strict=True):
+                total += n
+                cumulative.append(("+Inf" if le == float("inf") else repr(le), float(total)))
+            fam.add_metric([method], cumulative, sum_value=self.sums[method])
+        return fam
 
 
 class AddressError(ValueError):
@@ -173,6 +233,17 @@ class _Collector:
             "Containers known from the runtime",
             value=len(host.containers),
         )
+        watch = self.inst.helper
+        if watch is not None:
+            up = GaugeMetricFamily(
+                HOST_PREFIX + "peer_up",
+                "1 while the policy's peer (the SST helper for balloons) is reachable (/healthz)",
+                labels=["peer"],
+            )
+            up.add_metric([watch.peer.name], 0 if watch.obstacle is not None else 1)
+            yield up
+        if self.inst.stub is not None:
+            yield self.inst.stub.latency.family()
         yield from policy_metrics(self.inst.policy_families())
 
 

@@ -23,6 +23,7 @@ from nri_sst.retry import Backoff, Obstacle, Reporter
 from nri_framework import convert
 from nri_framework.hookspecs import PolicyError
 from nri_framework.host import PolicyHost
+from nri_framework.instrumentation import RequestLatency
 from nri_framework.model import Event, Update
 from nri_framework.nri.connection import (
     ConnectionClosed,
@@ -103,9 +104,12 @@ class Session:
         opts: StubOptions,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        latency: RequestLatency | None = None,
     ) -> None:
         self.host = host
         self.opts = opts
+        #: how long each served request took (``/metrics``); the stub's, across sessions
+        self.latency = latency if latency is not None else RequestLatency()
         self.reader = reader
         self.writer = writer
         self.conn = NriConnection(Role.PLUGIN)
@@ -219,7 +223,10 @@ class Session:
                 ev.stream_id, code=Code.UNIMPLEMENTED, message=f"method {ev.method}"
             )
             return
-        handler = entry
+        with self.latency.timing(ev.method):  # a method of ours: a bounded label set
+            self._answer(ev, entry)
+
+    def _answer(self, ev: RequestReceived, handler: Handler) -> None:
         try:
             payload = handler(ev.payload)
         except TtrpcError as exc:
@@ -468,6 +475,8 @@ class PluginStub:
         #: why the runtime's socket cannot be connected to (``/healthz`` says it)
         self.obstacle: Obstacle | None = None
         self.reporter = Reporter(log)
+        #: NRI request handling time, kept across reconnects (``/metrics``)
+        self.latency = RequestLatency()
 
     async def _pause(self, delay: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -484,7 +493,7 @@ class PluginStub:
     async def run_session(self) -> str:
         self.registered = False
         reader, writer = await self._open()
-        session = Session(self.host, self.opts, reader, writer)
+        session = Session(self.host, self.opts, reader, writer, self.latency)
         self.session = session
         self.host.set_update_sender(session.update_containers)
         reading = asyncio.create_task(session.read_loop())

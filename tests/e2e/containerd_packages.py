@@ -34,13 +34,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
 # tests/ is on sys.path: containerd_env.py and conftest.py put it there
 from _debian import apt_config, apt_env, debian_source, run
+from _progress import Progress, write_line
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.8"
 BUSYBOX_IMAGE = "docker.io/library/busybox:local"
@@ -83,7 +83,7 @@ class EnvError(RuntimeError):
 
 
 def _log(msg: str) -> None:
-    print(f"[containerd-env] {msg}", file=sys.stderr, flush=True)
+    write_line(f"[containerd-env] {msg}")  # live, also in pytest's session fixtures
 
 
 def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -174,6 +174,7 @@ def fetch(
     cache = Path(cache).expanduser().resolve()
     rt = _runtime(runtime) if runtime else cached_runtime(cache)
     say = (lambda m: None) if quiet else _log
+    progress = Progress("", write=say)
     debdir = cache / "debs"
     debdir.mkdir(parents=True, exist_ok=True)
     _save_runtime(cache, rt)
@@ -185,16 +186,18 @@ def fetch(
     if missing:
         conf = _apt_config(cache, rt.suite)
         env = apt_env(conf)
-        if not any((cache / "apt" / "lists").glob("*Packages*")):
-            say(f"apt-get update (private {rt.suite} sources)")
-            _run(["apt-get", "update", "-q"], env=env)
-        say(f"apt-get download ({rt.suite}) {' '.join(missing)}")
-        try:
-            _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env)
-        except EnvError:
-            say(f"download failed; refreshing the private {rt.suite} lists and retrying")
-            _run(["apt-get", "update", "-q"], env=env)
-            _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env)
+        lists = cache / "apt" / "lists"
+        if not any(lists.glob("*Packages*")):
+            with progress.step(f"apt-get update (private {rt.suite} sources)", watch=lists) as st:
+                _run(["apt-get", "update", "-q"], env=env, progress=st)
+        what = f"apt-get download ({rt.suite}) {' '.join(missing)}"
+        with progress.step(what, watch=debdir) as st:
+            try:
+                _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env, progress=st)
+            except EnvError:
+                say(f"download failed; refreshing the private {rt.suite} lists and retrying")
+                _run(["apt-get", "update", "-q"], env=env, progress=st)
+                _run(["apt-get", "download", "-q", *missing], cwd=debdir, env=env, progress=st)
     else:
         say(f"cached: {', '.join(p.name for t in rt.packages for p in _debs(cache, t))}")
     ctd = _debs(cache, "containerd")
@@ -211,11 +214,12 @@ def fetch(
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         env.pop("APT_CONFIG", None)
         cmd = ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", *missing_sys]
-        say(f"apt-get download (system sources) {' '.join(missing_sys)}")
-        if _run(cmd, cwd=debdir, env=env, check=False).returncode != 0:
-            say("download failed; apt-get update (system sources) and retrying")
-            _run(["apt-get", "update", "-q"], env=env)
-            _run(cmd, cwd=debdir, env=env)
+        with progress.step(f"apt-get download (system sources) {' '.join(missing_sys)}",
+                           watch=debdir) as st:  # fmt: skip
+            if _run(cmd, cwd=debdir, env=env, check=False, progress=st).returncode != 0:
+                say("download failed; apt-get update (system sources) and retrying")
+                _run(["apt-get", "update", "-q"], env=env, progress=st)
+                _run(cmd, cwd=debdir, env=env, progress=st)
     else:
         say(f"cached: {', '.join(p.name for t in SYSTEM_PACKAGES for p in _debs(cache, t))}")
 
@@ -229,9 +233,10 @@ def fetch(
         if root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True)
-        for name in debs:
-            say(f"dpkg -x {name}")
-            _run(["dpkg", "-x", str(debdir / name), str(root)])
+        with progress.step(f"dpkg -x {len(debs)} packages", watch=root) as st:
+            for name in debs:
+                say(f"dpkg -x {name}")
+                _run(["dpkg", "-x", str(debdir / name), str(root)], progress=st)
         stamp.write_text("\n".join(debs) + "\n")
     else:
         say(f"cached: {root}")

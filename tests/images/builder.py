@@ -57,6 +57,7 @@ for _p in (_HERE, ROOT / "tests"):
         sys.path.insert(0, str(_p))
 
 from _debian import KEYRING, apt_config, apt_env, cache_lock, dpkg_extract, run  # noqa: E402
+from _progress import Progress, Step  # noqa: E402
 from dockerfile import IgnoreRules, copy_sources  # noqa: E402
 
 CHART = ROOT / "charts" / "nri-resource-policy-balloons"
@@ -206,8 +207,10 @@ def _cmd(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 def _apt(cache: Path, say: Say) -> dict[str, str]:
     env = apt_env(apt_config(cache / "apt", SOURCES, own_status=True))
     if not any((cache / "apt" / "lists").glob("*Packages*")):
-        say(f"apt-get update (private {SUITE} sources)")
-        _cmd(["apt-get", "update", "-q"], env=env, timeout=900)
+        lists = cache / "apt" / "lists"
+        with Progress("", write=say).step(f"apt-get update (private {SUITE} sources)",
+                                          watch=lists) as st:  # fmt: skip
+            _cmd(["apt-get", "update", "-q"], env=env, timeout=900, progress=st)
     return env
 
 
@@ -218,12 +221,13 @@ def _download(cache: Path, packages: tuple[str, ...], dest: Path, say: Say) -> l
     (dest / "partial").mkdir(parents=True)
     cmd = ["apt-get", "install", "-q", "-y", "-d", "--no-install-recommends"]
     cmd += ["-o", f"Dir::Cache::archives={dest}", *packages]
-    say(f"apt-get install --download-only {' '.join(packages)} (private {SUITE} sources)")
-    try:
-        _cmd(cmd, env=env, timeout=1800)
-    except ImagesError:  # stale lists: refresh once
-        _cmd(["apt-get", "update", "-q"], env=env, timeout=900)
-        _cmd(cmd, env=env, timeout=1800)
+    what = f"apt-get install --download-only {' '.join(packages)} (private {SUITE} sources)"
+    with Progress("", write=say).step(what, watch=dest) as st:
+        try:
+            _cmd(cmd, env=env, timeout=1800, progress=st)
+        except ImagesError:  # stale lists: refresh once
+            _cmd(["apt-get", "update", "-q"], env=env, timeout=900, progress=st)
+            _cmd(cmd, env=env, timeout=1800, progress=st)
     return sorted(dest.glob("*.deb"))
 
 
@@ -258,10 +262,10 @@ class Buildah:
             **{k: v for k, v in os.environ.items() if k.lower().endswith("_proxy")},
         }
 
-    def __call__(self, *args: str, timeout: float = 600) -> str:
+    def __call__(self, *args: str, timeout: float = 600, progress: Step | None = None) -> str:
         cmd = [str(self.binary), "--storage-driver", "vfs", "--root", str(self.storage)]
         cmd += ["--runroot", str(self.cache / "runroot"), *args]
-        return _cmd(cmd, env=self.env(), timeout=timeout).stdout
+        return _cmd(cmd, env=self.env(), timeout=timeout, progress=progress).stdout
 
     def setup(self, say: Say) -> None:
         stamp = self.root.parent / "stamp"
@@ -347,8 +351,9 @@ def _dpkg_status(debs: list[Path], root: Path) -> None:
 
 
 def _assemble_rootfs(debs: list[Path], root: Path, say: Say) -> None:
-    say(f"dpkg -x {len(debs)} packages into the base root")
-    dpkg_extract(debs, root)
+    with Progress("", write=say).step(f"dpkg -x {len(debs)} packages into the base root",
+                                      watch=root) as st:  # fmt: skip
+        dpkg_extract(debs, root, progress=st)
     _merge_usr(root)
     _dpkg_status(debs, root)
     for name in ("passwd", "group"):
@@ -371,13 +376,14 @@ def _assemble_rootfs(debs: list[Path], root: Path, say: Say) -> None:
     for doc in (root / "usr/share/doc").rglob("*"):
         if doc.is_file() and doc.name != "copyright":
             doc.unlink()
-    say("byte-compiling the standard library (in the base root, by its own python)")
-    _cmd(
-        ["chroot", str(root), "/usr/bin/python3.11", "-m", "compileall", "-q",
-         "/usr/lib/python3.11", "/usr/lib/python3/dist-packages"],
-        env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
-        timeout=900,
-    )  # fmt: skip
+    what = "byte-compiling the standard library (in the base root, by its own python)"
+    with Progress("", write=say).step(what) as st:
+        _cmd(
+            ["chroot", str(root), "/usr/bin/python3.11", "-m", "compileall", "-q",
+             "/usr/lib/python3.11", "/usr/lib/python3/dist-packages"],
+            env={"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"},
+            timeout=900, progress=st,
+        )  # fmt: skip
 
 
 def run_in(cache: Path, image: str, argv: list[str], timeout: float = 300) -> str:
@@ -493,14 +499,15 @@ def _trust_store() -> list[str]:
 
 def _build(cache: Path, bh: Buildah, image: Image, key: str, say: Say) -> Path:
     t0 = time.monotonic()
-    say(f"buildah bud -f {image.dockerfile.relative_to(ROOT)} -t {image.ref}")
-    bh(
-        "bud", "--network", "host", "--pull=never", "--layers=false", "--format", "docker",
-        "--signature-policy", str(bh.policy), "--label", f"{LABEL}={key}",
-        *_trust_store(), "--ignorefile", str(image.ignorefile), "-f", str(image.dockerfile),
-        "-t", image.ref, str(ROOT),
-        timeout=1800,
-    )  # fmt: skip
+    what = f"buildah bud -f {image.dockerfile.relative_to(ROOT)} -t {image.ref}"
+    with Progress("", write=say).step(what, watch=bh.storage) as st:
+        bh(
+            "bud", "--network", "host", "--pull=never", "--layers=false", "--format", "docker",
+            "--signature-policy", str(bh.policy), "--label", f"{LABEL}={key}",
+            *_trust_store(), "--ignorefile", str(image.ignorefile), "-f", str(image.dockerfile),
+            "-t", image.ref, str(ROOT),
+            timeout=1800, progress=st,
+        )  # fmt: skip
     archive = archive_path(cache, image.name, key)
     _write(bh, image.ref, archive, key, time.monotonic() - t0)
     say(f"{image.ref}: built in {time.monotonic() - t0:.0f}s -> {archive}")
@@ -518,6 +525,7 @@ def build_images(cache: Path | None = None, say: Say = print) -> dict[str, Path]
     keys = {image.name: image_key(image) for image in IMAGES}
     wanted = {image.name: archive_path(cache, image.name, keys[image.name]) for image in IMAGES}
     if all(p.exists() for p in wanted.values()):
+        Progress("", write=say).cached(", ".join(str(p) for p in wanted.values()))
         return wanted
     if os.geteuid() != 0:
         raise ImagesError(f"building the images needs root (uid {os.geteuid()})")

@@ -24,6 +24,7 @@ for _p in (_HERE, _HERE.parent):
         sys.path.insert(0, str(_p))
 
 import _tier  # noqa: E402
+from _progress import sayer  # noqa: E402
 from builder import ImagesError, build_images, cache_dir  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def images_cache() -> Path:
 def images(images_cache: Path) -> dict[str, Path]:
     t0 = time.monotonic()
     try:
-        out = build_images(images_cache, say=lambda m: print(f"[images] {m}", file=sys.stderr))
+        out = build_images(images_cache, say=sayer("[images]"))  # live: tests/_progress.py
     except (ImagesError, OSError, subprocess.SubprocessError) as e:
         _tier.unavailable("images", f"cannot build the images into {images_cache}: {e}",
                           "NRI_IMAGES_REQUIRED")  # fmt: skip

@@ -17,8 +17,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from typing import Any
 
 # tests/ is on sys.path: stack.py and the conftest.py files put it there
 from _debian import CommandError, apt_config, apt_env, cache_lock, debian_source, dpkg_extract, run
+from _progress import Progress, write_line
 
 #: bump when the build recipe changes: a cached build of another recipe is redone
 RECIPE = 1
@@ -43,7 +42,7 @@ class StackError(RuntimeError):
 
 
 def _log(msg: str) -> None:
-    print(f"[k8s-stack] {msg}", file=sys.stderr, flush=True)
+    write_line(f"[k8s-stack] {msg}")  # live, also in pytest's session fixtures
 
 
 def cache_dir() -> Path:
@@ -134,21 +133,13 @@ def _go_build(root: Path, work: Path, out: Path, say: Callable[[str], None]) -> 
     )
     version = run([str(go), "version"], env=env, error=StackError).stdout.strip()
     say(f"go build {GO_PACKAGE} ({version}, GOPATH mode): a few minutes on 2 cores")
-    log = work / "go-build.log"
     cmd = [str(go), "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), GO_PACKAGE]
-    t0 = time.monotonic()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=fh, stderr=subprocess.STDOUT)
-        next_note = 30.0
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if time.monotonic() - t0 >= next_note:
-                say(f"go build: still compiling ({next_note:.0f}s)")
-                next_note += 30
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace")[-4000:]
-        raise StackError(f"go build {GO_PACKAGE} failed ({proc.returncode}):\n{tail}")
-    say(f"go build: done in {time.monotonic() - t0:.0f}s")
+    with Progress("", write=say).step("go build", watch=work / "gocache") as step:
+        proc = run(cmd, env=env, cwd=work, timeout=3600, check=False, progress=step)
+        (work / "go-build.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr)[-4000:]
+            raise StackError(f"go build {GO_PACKAGE} failed ({proc.returncode}):\n{tail}")
     return version
 
 
@@ -173,7 +164,8 @@ def build(
     cache = cache.resolve()
     bins = binaries(cache)
     if not force and (stamp := cached_build(cache)):
-        say(f"cached build ({stamp.get('built', '?')}): {bins[APISERVER].parent}")
+        built = stamp.get("built", "?")
+        Progress("", write=say).cached(f"build ({built}): {bins[APISERVER].parent}")
         return bins
     for tool in ("apt-get", "apt-cache", "dpkg"):
         if shutil.which(tool) is None:
@@ -186,28 +178,34 @@ def build(
         t0 = time.monotonic()
         try:
             env = apt_env(apt_config(work / "apt", debian_source("sid"), own_status=True))
-            say("apt-get update (private sid sources)")
-            run(["apt-get", "update", "-q"], env=env, timeout=900, error=StackError)
+            progress = Progress("", write=say)
+            what = "apt-get update (private sid sources)"
+            with progress.step(what, watch=work / "apt") as st:
+                run(["apt-get", "update", "-q"], env=env, timeout=900, error=StackError,
+                    progress=st)  # fmt: skip
             names = _closure(env)
             missing = sorted(set(ROOT_PACKAGES) - set(names))
             if missing:
                 raise StackError(f"sid has no {missing}")
             debdir = work / "debs"
             debdir.mkdir()
-            say(f"apt-get download: {len(names)} packages (~310 MB)")
-            run(
-                ["apt-get", "download", "-q", *names],
-                cwd=debdir,
-                env=env,
-                timeout=1800,
-                error=StackError,
-            )
+            what = f"apt-get download: {len(names)} packages (~310 MB)"
+            with progress.step(what, watch=debdir) as st:
+                run(
+                    ["apt-get", "download", "-q", *names],
+                    cwd=debdir,
+                    env=env,
+                    timeout=1800,
+                    error=StackError,
+                    progress=st,
+                )
             debs = sorted(debdir.glob("*.deb"))
             size = sum(d.stat().st_size for d in debs) / 1e6
-            say(f"dpkg -x {len(debs)} packages ({size:.0f} MB)")
             root = work / "root"
             try:
-                dpkg_extract(debs, root)
+                what = f"dpkg -x {len(debs)} packages ({size:.0f} MB)"
+                with progress.step(what, watch=root) as st:
+                    dpkg_extract(debs, root, progress=st)
             except CommandError as e:
                 raise StackError(str(e)) from None
             bindir = bins[APISERVER].parent

@@ -42,6 +42,7 @@ if str(_HERE.parent) not in sys.path:
 
 import _tier  # noqa: E402
 import _tools  # noqa: E402
+from _progress import write_line  # noqa: E402
 from apiserver_build import StackError, build, cache_dir  # noqa: E402
 from spec_commands import REQUIRED  # noqa: E402
 from stack import Stack  # noqa: E402
@@ -95,7 +96,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tools() -> _tools.Tools:
     try:
-        return _tools.fetch(say=lambda m: print(m, file=sys.stderr))
+        return _tools.fetch(say=write_line)  # live: tests/_progress.py
     except (_tools.ToolsError, OSError, subprocess.SubprocessError) as e:
         _unavailable(f"cannot fetch kubectl/jq into {_tools.cache_dir()}: {e}")
 
