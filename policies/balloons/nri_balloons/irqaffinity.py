@@ -45,10 +45,13 @@ class Irq:
         return f"irq {self.number} ({self.description})"
 
     def matches(self, pattern: str) -> bool:
-        """Upstream's ``Irq.Match``: the IRQ's number, or a glob over its description."""
-        return bool(pattern) and (
-            pattern == str(self.number) or go_match(pattern, self.description)
-        )
+        return claims(pattern, self.number, self.description)
+
+
+def claims(pattern: str, number: int, description: str) -> bool:
+    """Upstream's ``Irq.Match``: an ``irqClaim`` pattern names the IRQ's
+    number, or is a glob over its description."""
+    return bool(pattern) and (pattern == str(number) or go_match(pattern, description))
 
 
 def in_use(types: Iterable[BalloonType]) -> bool:

@@ -205,19 +205,30 @@ class Balloons:
         if not self.irq.listed_late or self.policy is None or self.policy.config is None:
             return
         self.irq.listed_late = False
-        for error in first_few(self.denied_claims(self.policy.config)):
+        denied, unmatched = self.irq_claim_findings(self.policy.config)
+        for error in first_few(denied):
             log.error("%s", error)
+        for warning in first_few(unmatched):
+            log.warning("%s", warning)
 
     def denied_claims(self, prepared: PreparedConfig) -> list[str]:
         """The configuration's claims on IRQs ``controllableInterrupts`` denies
         (upstream's validation errors), against the IRQs listed last."""
+        return self.irq_claim_findings(prepared)[0]
+
+    def irq_claim_findings(self, prepared: PreparedConfig) -> tuple[list[str], list[str]]:
+        """Against the IRQs listed last: the claims on denied IRQs (upstream's
+        validation errors) and the claims that match no IRQ (warnings)."""
         assert self.policy is not None
         result = validate(
             prepared.spec,
             online_cpus=self.policy.topology.online,
             interrupts=self.irq.descriptions(),
         )
-        return [e for e in result.errors if e.startswith("invalid irqclaim")]
+        return (
+            [e for e in result.errors if e.startswith("invalid irqclaim")],
+            [w for w in result.warnings if "matches no interrupt" in w],
+        )
 
     def check_irq_claims(self, prepared: PreparedConfig, wait: Wait) -> None:
         """A configuration that uses ``irqClaim``/``irqMode`` while the IRQs are
@@ -237,9 +248,11 @@ class Balloons:
         timeout = IRQ_LIST_TIMEOUT if wait.budget is None else None
         if not exchange(self.irq.list_steps(timeout), writer, wait.budget):
             return
-        denied = self.denied_claims(prepared)
+        denied, unmatched = self.irq_claim_findings(prepared)
         if denied:
             raise PolicyError("; ".join(first_few(denied)))
+        for warning in first_few(unmatched):
+            log.warning("%s", warning)
 
     def _start_background(self, probe: bool = False) -> None:
         if self.background is None:

@@ -68,6 +68,7 @@ from nri_balloons.endpoint import endpoint_errors
 from nri_balloons.expression import ExpressionError
 from nri_balloons.globmatch import BAD_PATTERN, GlobError, check_pattern, go_match
 from nri_balloons.gofmt import list_v, map_v, quote, quote_list
+from nri_balloons.irqaffinity import claims
 
 __all__ = ["PreparedConfig", "Validation", "validate"]
 
@@ -165,6 +166,13 @@ class _Validator:
                             f" irq {num} ({desc}) denied but matched by user pattern"
                             f" {quote(pattern)}"
                         )
+        for bt in s.balloon_types:
+            for pattern in bt.irq_claim:
+                if not any(claims(pattern, num, desc) for num, desc in self.interrupts):
+                    self.warnings.append(
+                        f"balloon type {bt.name!r}: irqClaim {quote(pattern)} matches no"
+                        " interrupt of this node (/proc/interrupts); it claims nothing"
+                    )
 
     # -- 3. setConfig ------------------------------------------------------------------
 

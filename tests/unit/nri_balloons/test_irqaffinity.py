@@ -329,3 +329,32 @@ def test_a_list_fetched_late_logs_the_denied_claim_and_never_writes_it(
         assert cpuset.size(now[8]) == 2  # rtc0: the claimer's CPUs
     finally:
         plugin.policy_shutdown()
+
+
+UNMATCHED = """
+reservedResources: {cpu: "cpuset:0-1"}
+balloonTypes:
+- name: claimer
+  minBalloons: 1
+  minCPUs: 2
+  maxCPUs: 2
+  irqClaim: ["*ttyS0*", "*nosuchdev*", "9999"]
+"""
+
+
+def test_a_claim_that_matches_no_interrupt_is_named_in_a_warning_and_the_rest_applied(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Upstream silently claims nothing for such a pattern; ours says which
+    pattern of which balloon type matched no IRQ, and the other claims apply."""
+    helper = sim_helper()
+    with caplog.at_level(logging.WARNING, logger="policy"):
+        plugin = start(helper, UNMATCHED, tmp_path)
+    try:
+        for pattern in ('"*nosuchdev*"', '"9999"'):
+            assert f"balloon type 'claimer': irqClaim {pattern} matches no interrupt" in caplog.text
+        assert '"*ttyS0*" matches no' not in caplog.text
+        plugin.commit(plugin._reply_path())
+        assert cpuset.size(affinities(helper)[4]) == 2  # ttyS0: the claimer's CPUs
+    finally:
+        plugin.policy_shutdown()
