@@ -188,3 +188,26 @@ def test_features_warn_only_about_rdt_partitions() -> None:
     (warning,) = unimplemented(parts)
     assert "control.rdt: partitions" in warning
     assert "rdt_config_file" in warning
+
+
+def test_container_the_policy_leaves_alone_still_gets_its_classes(host: PolicyHost) -> None:
+    """As upstream, where every cached container gets its classes: a ``cpu.preserve``
+    container gets no pinning from the policy, but its classes."""
+    p = pod({"cpu.preserve.resource-policy.nri.io": "true", BLOCKIO_CLASS: "slow"})
+    c = Container(id="c", pod_sandbox_id="p", name="c")
+    res = convert.create_result_to_pb(host.create_container(p, c)).adjust.linux.resources
+    assert res.blockio_class.value == "slow"
+    assert res.rdt_class.value == "Burstable"
+    assert not res.cpu.cpus
+
+
+def test_nothing_to_set_leaves_a_preserved_container_unadjusted(tmp_path: Path) -> None:
+    write_topology(tmp_path / "host", "n4c16")
+    (tmp_path / "cfg.yaml").write_text("reservedResources: {cpu: '1'}\nballoonTypes: [{name: a}]")
+    h = PolicyHost("balloons", Balloons(), options={"config_file": str(tmp_path / "cfg.yaml")},
+                   host_root=str(tmp_path / "host"))  # fmt: skip
+    h.configure("", RuntimeInfo(name="containerd", version="2.1.9"))
+    h.synchronize([], [])
+    p = pod({"cpu.preserve.resource-policy.nri.io": "true", BLOCKIO_CLASS: "slow"})
+    result = h.create_container(p, Container(id="c", pod_sandbox_id="p", name="c"))
+    assert result.adjustment is None
