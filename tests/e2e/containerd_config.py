@@ -15,7 +15,6 @@ from pathlib import Path
 
 from containerd_packages import DEFAULT_CACHE, PAUSE_IMAGE, EnvError, _binaries, _run, runtime_info
 
-
 #: goresctrl's block I/O classes for containerd (``blockio_config_file``): one class, a
 #: weight for every device (no device list: nothing of this machine's is named)
 BLOCKIO_CLASSES = """\
@@ -108,7 +107,7 @@ class ContainerdConfig:
 
     @property
     def blockio_config_path(self) -> Path:
-        """containerd's ``blockio_config_file``: the block I/O classes of :data:`BLOCKIO_CLASSES`."""
+        """containerd's ``blockio_config_file``, the classes of :data:`BLOCKIO_CLASSES`."""
         return self.work_dir / "blockio.yaml"
 
     def log_text(self) -> str:

@@ -11,6 +11,12 @@ CreateContainer adjustment (``LinuxResources.rdt_class`` / ``blockio_class``);
 the runtime maps it to parameters from its own configuration (containerd's
 ``rdt_config_file`` / ``blockio_config_file``).
 
+Differences from upstream: the classes are set at creation only (upstream
+repeats the QoS default in later container updates); ``control.rdt.enable``
+does not need resctrl here (upstream initializes goresctrl and rejects the
+configuration without it), and ``partitions``/``options``/``force`` are not
+programmed (see :mod:`nri_balloons.features`).
+
 With a controller disabled an annotated class is omitted with upstream's
 warning. Beyond upstream, an annotation value that cannot be a class name
 (empty, longer than :data:`MAX_CLASS_NAME`, characters outside
