@@ -15,6 +15,14 @@ from pathlib import Path
 
 from containerd_packages import DEFAULT_CACHE, PAUSE_IMAGE, EnvError, _binaries, _run, runtime_info
 
+#: goresctrl's block I/O classes for containerd (``blockio_config_file``): one class, a
+#: weight for every device (no device list: nothing of this machine's is named)
+BLOCKIO_CLASSES = """\
+Classes:
+  slowreader:
+  - Weight: 80
+"""
+
 
 class ContainerdConfig:
     """The work dir's layout (sockets, NRI paths, logs) and the config of the binary found.
@@ -97,6 +105,11 @@ class ContainerdConfig:
     def runc_root(self) -> Path:
         return self.work_dir / "runc"
 
+    @property
+    def blockio_config_path(self) -> Path:
+        """containerd's ``blockio_config_file``, the classes of :data:`BLOCKIO_CLASSES`."""
+        return self.work_dir / "blockio.yaml"
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -135,6 +148,11 @@ class ContainerdConfig:
           BinaryName = "{self.bins.get("runc", "runc")}"
 """
 
+    def write_config(self) -> None:
+        """``config.toml`` and the files it names (the block I/O classes)."""
+        self.blockio_config_path.write_text(BLOCKIO_CLASSES)
+        self.config_path.write_text(self.config_toml())
+
     def config_toml(self) -> str:
         """The config of the binary found: version 3 for containerd 2.x, else version 2."""
         major = int(self.containerd_version().split(".")[0])
@@ -163,6 +181,9 @@ disabled_plugins = [
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = "{w}/opt"
+
+  [plugins."io.containerd.service.v1.tasks-service"]
+    blockio_config_file = "{self.blockio_config_path}"
 
 """
 

@@ -262,7 +262,7 @@ class ContainerdEnv(ContainerdConfig):
             config=str(self.config_path),
             address=str(self.cri_socket),
         )
-        self.config_path.write_text(self.config_toml())
+        self.write_config()
         self._start_daemon(timeout)
         for name in ("pause.tar", "busybox.tar"):
             self.ctr("images", "import", str(self.cache_dir / "images" / name))

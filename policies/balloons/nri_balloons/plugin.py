@@ -36,7 +36,7 @@ from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
-from nri_balloons import cpupriority, irqaffinity, scheduling
+from nri_balloons import cpupriority, irqaffinity, rdtblockio, scheduling
 from nri_balloons.busyfreq import BusyFrequency
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
@@ -629,15 +629,21 @@ class Balloons:
             raise PolicyError(str(exc)) from None
         finally:
             self.commit(wait)
+        config = self.policy.config
         if bln is None:
-            return None
+            # upstream gives every container its classes, managed by the policy or not
+            res = Resources()
+            if config is not None:
+                res = rdtblockio.with_classes(res, config.spec.control, pod, container)
+            return (
+                None if res == Resources() else CreateResult(adjustment=Adjustment(resources=res))
+            )
         updates = self._updates(skip=container.id)
         cpus, mems = self.pins[container.id]
-        adjustment = Adjustment(resources=cpu_pin(cpus, mems))
-        assert self.policy.config is not None
-        sc = scheduling.effective_class(
-            self.policy.config.spec.scheduling_classes, bln.bdef, pod, container
-        )
+        assert config is not None
+        pin = rdtblockio.with_classes(cpu_pin(cpus, mems), config.spec.control, pod, container)
+        adjustment = Adjustment(resources=pin)
+        sc = scheduling.effective_class(config.spec.scheduling_classes, bln.bdef, pod, container)
         if sc is not None:
             scheduler, io_priority = scheduling.adjustments(sc)
             adjustment = Adjustment(
