@@ -72,3 +72,8 @@ def request_milli(container: Container) -> int:
 def limit_milli(container: Container) -> int:
     cpu = container.resources.cpu if container.resources else None
     return quota_to_milli_cpu(cpu.quota or 0, cpu.period or 0) if cpu else 0
+
+
+def pretty_name(pod: Pod, container: Container) -> str:
+    """``namespace/pod/container``, as upstream's log lines name a container."""
+    return f"{pod.namespace}/{pod.name}/{container.name}"

@@ -29,7 +29,7 @@ from nri_balloons import balloonclass
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.composite import new_composite, resize_composite
 from nri_balloons.config import BalloonsPolicySpec, BalloonType
-from nri_balloons.containers import limit_milli, qos_class, request_milli
+from nri_balloons.containers import limit_milli, pretty_name, qos_class, request_milli
 from nri_balloons.cpuclass import CpuClassHandler, Writer
 from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.cputree import CpuTreeAllocator, ResizeError
@@ -235,7 +235,7 @@ class BalloonsPolicy:
         if ann.parse_bool(ann.effective(ann.CPU_PRESERVE, pod, container)):
             log.info(
                 "not handling resources of container %s, preserving CPUs %r and memory %r",
-                _pretty(pod, container),
+                pretty_name(pod, container),
                 container.cpus,
                 container.resources.cpu.mems
                 if container.resources and container.resources.cpu
@@ -249,7 +249,9 @@ class BalloonsPolicy:
             for expr in preserve.match_expressions:
                 if expr.evaluate_subject(subject):
                     log.debug(
-                        "preserve container %s due to matching %s", _pretty(pod, container), expr
+                        "preserve container %s due to matching %s",
+                        pretty_name(pod, container),
+                        expr,
                     )
                     return True
         return False
@@ -518,7 +520,7 @@ class BalloonsPolicy:
             except KeyError as exc:
                 log.error(
                     "error choosing balloon for container %r based on groupBy: %s",
-                    _pretty(pod, container),
+                    pretty_name(pod, container),
                     exc,
                 )
         return Member(
@@ -677,7 +679,3 @@ class BalloonsPolicy:
 def _priority(bdef: BalloonType) -> str:
     prio = bdef.allocator_priority or "none"
     return prio if prio in PRIORITY_ORDER else "none"
-
-
-def _pretty(pod: Pod, container: Container) -> str:
-    return f"{pod.namespace}/{pod.name}/{container.name}"

@@ -35,8 +35,7 @@ from nri_framework.model import Container, Pod, Resources
 
 from nri_balloons import annotations as ann
 from nri_balloons.config import Control
-from nri_balloons.containers import qos_class
-from nri_balloons.policy import _pretty
+from nri_balloons.containers import pretty_name, qos_class
 
 log = logging.getLogger("policy")
 
@@ -86,7 +85,7 @@ def _effective(
     pod: Pod,
     container: Container,
 ) -> str | None:
-    pretty = _pretty(pod, container)
+    pretty = pretty_name(pod, container)
     value = ann.effective(ctl.key, pod, container)
     if value is not None:
         why = invalid_class_name(value)
