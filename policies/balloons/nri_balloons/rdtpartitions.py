@@ -342,7 +342,9 @@ def resolve(rdt: RdtControl, info: m.ReadResctrlReply) -> list[m.ResctrlGroup]:
     res = {r.name: r for r in info.resources}
     for resource in info.resources:
         if resource.name in ("L2CODE", "L2DATA", "L3CODE", "L3DATA"):
-            raise RdtConfigError(f"{resource.name}: CDP-enabled resctrl is not supported by this policy")
+            raise RdtConfigError(
+                f"{resource.name}: CDP-enabled resctrl is not supported by this policy"
+            )
     mb = res.get("MB")
     if mb is not None and mb.mbps:
         raise RdtConfigError(
