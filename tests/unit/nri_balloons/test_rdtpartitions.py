@@ -89,7 +89,9 @@ control:
   rdt:
     enable: true
     partitions:
-      a: {l3Allocation: {all: {unified: "0-7"}}, classes: {A: {l3Allocation: {all: {unified: "1%"}}}}}
+      a:
+        l3Allocation: {all: {unified: "0-7"}}
+        classes: {A: {l3Allocation: {all: {unified: "1%"}}}}
       b: {l3Allocation: {all: {unified: "0x7f00"}}, classes: {B: {}}}
 """
     out = groups(text, info)
@@ -101,15 +103,19 @@ control:
     ("allocations", "error"),
     [
         (
-            'a: {l3Allocation: {all: {unified: "70%"}}}\n      b: {l3Allocation: {all: {unified: "40%"}}}',
-            'accumulated L3 "unified" partition allocation requests for cache id 0 exceeds 100% (110%)',
+            'a: {l3Allocation: {all: {unified: "70%"}}}'
+            ' | b: {l3Allocation: {all: {unified: "40%"}}}',
+            "accumulated L3 unified partition allocation requests for cache id 0 "
+            "exceeds 100% (110%)",
         ),
         (
-            'a: {l3Allocation: {all: {unified: "0-7"}}}\n      b: {l3Allocation: {all: {unified: "7-9"}}}',
+            'a: {l3Allocation: {all: {unified: "0-7"}}}'
+            ' | b: {l3Allocation: {all: {unified: "7-9"}}}',
             "overlapping L3 partition allocation requests for cache id 0",
         ),
         (
-            'a: {l3Allocation: {all: {unified: "0-7"}}}\n      b: {l3Allocation: {all: {unified: "40%"}}}',
+            'a: {l3Allocation: {all: {unified: "0-7"}}}'
+            ' | b: {l3Allocation: {all: {unified: "40%"}}}',
             "mixing absolute and relative allocations between partitions not supported",
         ),
         (
@@ -125,7 +131,7 @@ control:
             "percentage ranges in partition allocation not supported",
         ),
         (
-            'a: {l3Allocation: {all: {unified: "50%"}}}\n      b: {classes: {B: {}}}',
+            'a: {l3Allocation: {all: {unified: "50%"}}} | b: {classes: {B: {}}}',
             'some partitions (b) missing L3 "unified" allocation request for cache id 0',
         ),
         (
@@ -133,7 +139,7 @@ control:
             "L3 allocation missing from partition 'a' but class 'B' specifies L3 schema",
         ),
         (
-            "a: {classes: {X: {}}}\n      b: {classes: {X: {}}}",
+            "a: {classes: {X: {}}} | b: {classes: {X: {}}}",
             "class names must be unique, 'X' defined multiple times",
         ),
         (
@@ -143,6 +149,7 @@ control:
     ],
 )
 def test_invalid_configurations_get_goresctrls_errors(allocations: str, error: str) -> None:
+    allocations = allocations.replace(" | ", "\n      ")
     text = f"""
 reservedResources: {{cpu: "1"}}
 control:
@@ -167,7 +174,9 @@ control:
     enable: true
     OPTIONS
     partitions:
-      a: {l2Allocation: {all: {unified: "100%"}}, classes: {A: {l2Allocation: {all: {unified: "50%"}}}}}
+      a:
+        l2Allocation: {all: {unified: "100%"}}
+        classes: {A: {l2Allocation: {all: {unified: "50%"}}}}
 """
     with pytest.raises(RdtConfigError, match="L2 cache allocation for 'A' specified in"):
         groups(no_l2.replace("OPTIONS", ""))
