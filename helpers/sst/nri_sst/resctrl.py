@@ -13,8 +13,9 @@ not configure (refusing a non-empty one unless ``force``). The runtime puts a
 container in the group named exactly as its class (containerd's goresctrl, no
 prefix), so a name prefix cannot mark the helper's groups: the helper records
 the groups it created (:attr:`Resctrl.managed`; the sim saves it with its
-state, the real backend in a file next to nothing of resctrl's, see
-:class:`FsResctrl`) and removes, without ``force``, only those, and only
+state; the real backend keeps it in memory, or in ``managed_file`` when one
+is given: the helper has no state directory yet, so a restarted helper
+removes none of its old groups without ``force``) and removes, without ``force``, only those, and only
 when empty (``refusing to remove non-empty resctrl group``, upstream's
 words). With ``force`` every unconfigured group goes, as upstream.
 
