@@ -17,7 +17,8 @@ state; the real backend keeps it in memory, or in ``managed_file`` when one
 is given: the helper has no state directory yet, so a restarted helper
 removes none of its old groups without ``force``) and removes, without
 ``force``, only those, and only when empty (else upstream's words:
-``refusing to remove non-empty resctrl group``). With ``force`` every unconfigured group goes, as upstream.
+``refusing to remove non-empty resctrl group``). With ``force`` every
+unconfigured group goes, as upstream.
 
 :class:`FsResctrl` is the kernel's, under the helper's host root; the sim
 backend models the same (:class:`nri_sst.backends.sim.SimResctrl`), with the
