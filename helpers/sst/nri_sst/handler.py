@@ -19,11 +19,21 @@ from nri_sst import messages as m
 from nri_sst.backends.base import MSR_APERF, MSR_MPERF, MSR_TSC, Backend
 from nri_sst.hostfs import Machine, SysfsError, SysfsWriter, discover_machine
 from nri_sst.interrupts import Interrupts, IrqWriteError
+from nri_sst.resctrl import Resctrl
 from nri_sst.sst_platform import SstPlatform
 
 log = logging.getLogger("nri_sst")
 
-CAPABILITIES = ["sst-cp", "sst-tf", "cstates", "cpufreq", "uncore", "aperf-mperf", "irq"]
+CAPABILITIES = [
+    "sst-cp",
+    "sst-tf",
+    "cstates",
+    "cpufreq",
+    "uncore",
+    "aperf-mperf",
+    "irq",
+    "resctrl",
+]
 MAX_PEERS = 1024
 
 
@@ -70,6 +80,7 @@ class RequestHandler:
         self.platform = SstPlatform(backend, self.machine)
         self.writer = SysfsWriter(self.machine)
         self.interrupts: Interrupts = backend.interrupts(self.machine)
+        self.resctrl: Resctrl = backend.resctrl(self.machine)
         self.managed = False
         """True after PrepareManagedMode until Teardown: SIGTERM then resets SST."""
         self.peers = PeerTable()
@@ -217,6 +228,10 @@ class RequestHandler:
             ), False
         if isinstance(req, m.SetIrqAffinity):
             return self.set_irq_affinity(req), True
+        if isinstance(req, m.ReadResctrl):
+            return self.resctrl.read(), False
+        if isinstance(req, m.SetResctrl):
+            return self.set_resctrl(req), True
         raise m.HelperError("unknown-message", f"unhandled request {type(req).__name__}")
 
     # ------------------------------------------------------------------ operations
@@ -270,6 +285,16 @@ class RequestHandler:
                 raise m.HelperError("hardware-error", f"{exc}{written}") from None
         log.info("irq: set the affinity of %d IRQs", len(done))
         return m.SetIrqAffinityReply(affinities=done)
+
+    def set_resctrl(self, req: m.SetResctrl) -> m.SetResctrlReply:
+        """Validated whole against resctrl as it is now, then applied
+        (:meth:`nri_sst.resctrl.Resctrl.apply`)."""
+        validate.resctrl(self.resctrl.read(), req)
+        reply = self.resctrl.apply(req)
+        log.info(
+            "rdt: %d resctrl groups configured, %d removed", len(reply.groups), len(reply.removed)
+        )
+        return reply
 
     def teardown(self) -> None:
         """CPReset, then TF disable, then CP disable on every package."""

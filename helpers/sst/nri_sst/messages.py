@@ -36,6 +36,11 @@ MAX_ERROR_MESSAGE = 1024
 request gets a bounded answer: the rest is cut and marked ``…``)."""
 MAX_IRQ_DESCRIPTION = 256
 """Characters of an IRQ's description a :class:`ListInterruptsReply` keeps."""
+MAX_RESCTRL_GROUPS = 256
+"""Most resctrl control groups one :class:`SetResctrl` may name (the
+hardware's ``num_closids`` bounds it further: 16 on most Xeons)."""
+MAX_RESCTRL_NAME = 64
+"""Characters of a resctrl group name at most."""
 CLOS_NO_LIMIT_KHZ = 25_500_000
 """CLOS max of 25500 MHz = "no limit" (intel-speed-select: "Max Turbo frequency")."""
 
@@ -192,6 +197,33 @@ class IrqGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpus: list[int]
 
 
+class ResctrlResource(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One resource of ``/sys/fs/resctrl/info`` (:class:`ReadResctrl`): a cache
+    level (``L3``, ``L3CODE``, ``L3DATA``, ``L2``...) or memory bandwidth (``MB``)."""
+
+    name: str
+    cache_ids: list[int]
+    """The domains of its line in the root ``schemata`` (``L3:0=7fff;1=7fff``)."""
+    num_closids: int
+    cbm_mask: int = 0
+    """Caches: every way (``info/L3/cbm_mask``); 0 for MB."""
+    min_cbm_bits: int = 0
+    bandwidth_gran: int = 0
+    """MB: percentages are multiples of it; 0 for caches."""
+    min_bandwidth: int = 0
+    mbps: bool = False
+    """MB in MBps (the ``mba_MBps`` mount option), else percent."""
+
+
+class ResctrlGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One resctrl control group and its ``schemata`` (:class:`SetResctrl`):
+    resource name -> cache id -> bitmask (caches) or bandwidth (``MB``).
+    The root group is named ``""``."""
+
+    name: str
+    schemata: dict[str, dict[int, int]]
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -297,6 +329,22 @@ class SetIrqAffinity(_Msg, frozen=True, tag="set-irq-affinity"):
     groups: list[IrqGroup]
 
 
+class ReadResctrl(_Msg, frozen=True, tag="read-resctrl"):
+    """resctrl's ``info``, its groups and their ``schemata`` as they are."""
+
+
+class SetResctrl(_Msg, frozen=True, tag="set-resctrl"):
+    """The whole resctrl configuration at once (goresctrl's ``SetConfig``,
+    computed by the plugin): every group created or kept and its schemata
+    written; the groups this helper created before and no longer named are
+    removed when empty (a non-empty one refuses the request, as upstream).
+    ``force``: every other group is removed too, tasks or not (upstream's
+    ``force``). Validated whole against ``info`` before anything is written."""
+
+    groups: list[ResctrlGroup]
+    force: bool = False
+
+
 Request = (
     Hello
     | Discover
@@ -314,6 +362,8 @@ Request = (
     | ReadFrequency
     | ListInterrupts
     | SetIrqAffinity
+    | ReadResctrl
+    | SetResctrl
 )
 
 
@@ -417,6 +467,21 @@ class SetIrqAffinityReply(_Msg, frozen=True, tag="set-irq-affinity-reply"):
     """IRQ -> its ``smp_affinity_list`` as read back after the write."""
 
 
+class ReadResctrlReply(_Msg, frozen=True, tag="read-resctrl-reply"):
+    mounted: bool
+    """False: no resctrl under the host root (no RDT, or not mounted)."""
+    resources: list[ResctrlResource]
+    groups: list[ResctrlGroup]
+    """The root (``""``) first, then every control group."""
+    managed: list[str]
+    """The groups this helper created (the only ones it removes without ``force``)."""
+
+
+class SetResctrlReply(_Msg, frozen=True, tag="set-resctrl-reply"):
+    groups: list[str]
+    removed: list[str]
+
+
 class ErrorReply(_Msg, frozen=True, tag="error"):
     code: ErrorCode
     message: str
@@ -439,6 +504,8 @@ Reply = (
     | ReadFrequencyReply
     | ListInterruptsReply
     | SetIrqAffinityReply
+    | ReadResctrlReply
+    | SetResctrlReply
     | ErrorReply
 )
 
@@ -459,6 +526,8 @@ REPLY_FOR: dict[type[_Msg], type[_Msg]] = {
     ReadFrequency: ReadFrequencyReply,
     ListInterrupts: ListInterruptsReply,
     SetIrqAffinity: SetIrqAffinityReply,
+    ReadResctrl: ReadResctrlReply,
+    SetResctrl: SetResctrlReply,
 }
 """The one typed reply of each request (besides :class:`ErrorReply`)."""
 

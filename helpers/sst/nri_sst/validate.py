@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from nri_sst import messages as m
 from nri_sst._cpuset import format as format_cpus
 from nri_sst.hostfs import CpufreqNow, Machine
+from nri_sst.resctrl import GROUP_NAME, RESERVED_NAMES
 
 MAX_CLOS_KHZ = m.CLOS_NO_LIMIT_KHZ
 MAX_PROP_PRIO = 15
@@ -216,3 +217,65 @@ def hello(req: m.Hello) -> None:
             "protocol-mismatch",
             f"protocol {req.protocol} not supported (helper speaks {PROTOCOL_VERSION})",
         )
+
+
+def resctrl(now: m.ReadResctrlReply, req: m.SetResctrl) -> None:
+    """A whole resctrl configuration against resctrl's ``info``: resctrl
+    mounted; group names unique, from :data:`~nri_sst.resctrl.GROUP_NAME`
+    (the root is ``""``), not resctrl's own files, fewer than every
+    resource's ``num_closids`` (the root holds CLOS 0); per schemata line a
+    resource that exists, cache ids that exist; a cache bitmask non-empty,
+    contiguous, within ``cbm_mask``, of at least ``min_cbm_bits`` bits; a
+    bandwidth percentage within ``min_bandwidth``..100 and a multiple of
+    ``bandwidth_gran`` (MBps: 1..2^32-1)."""
+    if not now.mounted:
+        raise m.HelperError("not-supported", "resctrl is not mounted (no RDT allocation)")
+    resources = {r.name: r for r in now.resources}
+    names = [g.name for g in req.groups]
+    if len(names) > m.MAX_RESCTRL_GROUPS:
+        raise _bad(f"groups: {len(names)} groups exceed the limit of {m.MAX_RESCTRL_GROUPS}")
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise _bad(f"groups: resctrl group {dup[0]!r} named more than once")
+    for name in names:
+        if name and (not GROUP_NAME.match(name) or name in RESERVED_NAMES):
+            raise _bad(
+                f"groups: invalid resctrl group name {name[:80]!r} (letters, digits, "
+                f"'_', '.', '-'; at most {m.MAX_RESCTRL_NAME} characters)"
+            )
+    groups = sum(1 for n in names if n)
+    closids = min((r.num_closids for r in now.resources), default=0)
+    if resources and groups > closids - 1:
+        raise _bad(f"groups: {groups} resctrl groups exceed the {closids - 1} free CLOSIDs")
+    for g in req.groups:
+        where = f"resctrl group {g.name or '(root)'!r}"
+        for rname, values in g.schemata.items():
+            res = resources.get(rname)
+            if res is None:
+                raise _bad(f"{where}: unknown resource {rname[:80]!r} (known: {sorted(resources)})")
+            for cache_id, value in values.items():
+                if cache_id not in res.cache_ids:
+                    raise _bad(f"{where}: {rname} has no cache id {cache_id} ({res.cache_ids})")
+                _resctrl_value(where, res, cache_id, value)
+
+
+def _resctrl_value(where: str, res: m.ResctrlResource, cache_id: int, value: int) -> None:
+    at = f"{where}: {res.name} cache id {cache_id}"
+    if res.cbm_mask:
+        if value <= 0 or value & ~res.cbm_mask:
+            raise _bad(f"{at}: bitmask {value:#x} not within cbm_mask {res.cbm_mask:#x}")
+        low = value & -value
+        if (value + low) & value:
+            raise _bad(f"{at}: bitmask {value:#x} is not one contiguous block of bits")
+        if value.bit_count() < res.min_cbm_bits:
+            raise _bad(f"{at}: bitmask {value:#x} has fewer than {res.min_cbm_bits} bits")
+    elif res.mbps:
+        if not 1 <= value <= 0xFFFFFFFF:
+            raise _bad(f"{at}: {value} MBps outside 1..4294967295")
+    else:
+        gran = max(res.bandwidth_gran, 1)
+        if not res.min_bandwidth <= value <= 100 or value % gran:
+            raise _bad(
+                f"{at}: bandwidth {value}% outside {res.min_bandwidth}..100 or not a "
+                f"multiple of {gran}"
+            )

@@ -20,12 +20,4 @@ def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
                 f"balloon type {bt.name!r}: pod-resources device hints {podres} need "
                 "agent.podResourceAPI: true (the kubelet's pod-resources API); they are dropped"
             )
-    rdt = spec.control.rdt
-    if rdt.partitions or rdt.options is not None or rdt.force:
-        out.append(
-            "control.rdt: partitions, options and force are not implemented (upstream "
-            "programs resctrl through goresctrl); they are ignored: only classes are "
-            "assigned, the runtime's own RDT configuration (containerd's rdt_config_file) "
-            "must define them"
-        )
     return out

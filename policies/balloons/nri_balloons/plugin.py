@@ -36,7 +36,7 @@ from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
-from nri_balloons import cpupriority, irqaffinity, rdtblockio, scheduling
+from nri_balloons import cpupriority, irqaffinity, rdtblockio, rdtpartitions, scheduling
 from nri_balloons.busyfreq import BusyFrequency
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
 from nri_balloons.configdecode import ConfigError
@@ -121,6 +121,8 @@ class Balloons:
         self.irq = IrqAffinity()
         """IRQ affinities (irqClaim, irqMode), written through the helper"""
         self.no_helper_irq_warned = False
+        self.rdt = rdtpartitions.RdtPartitions()
+        """resctrl groups of control.rdt partitions, written through the helper"""
         self.podres: PodResourcesClient | None = None
         """the kubelet's pod-resources cache, while ``agent.podResourceAPI`` is on"""
         self.late: set[str] = set()
@@ -159,6 +161,7 @@ class Balloons:
             return
         ok = self.policy.cpu_classes.commit(wait)
         ok = self.commit_irqs(wait) and ok
+        ok = self.commit_rdt(wait) and ok
         loop = _running_loop()
         if loop is None:
             return
@@ -189,6 +192,36 @@ class Balloons:
         ok = exchange(self.irq.commit_steps(wait.timeout), self.policy_writer(), wait.budget)
         self.report_late_denied_claims()
         return ok
+
+    def commit_rdt(self, wait: Wait) -> bool:
+        """Send the resctrl configuration of control.rdt when it changed (one
+        exchange within the hook's ``wait``); False: left to the background."""
+        if isinstance(self.policy_writer(), NullWriter) or self.policy is None:
+            return True
+        if self.policy.config is not None:
+            self.rdt.decide(self.policy.config.spec.control.rdt)
+        return exchange(self.rdt.commit_steps(wait.timeout), self.policy_writer(), wait.budget)
+
+    def check_rdt(self, prepared: PreparedConfig, wait: Wait) -> None:
+        """control.rdt partitions resolved against resctrl's ``info`` (read
+        through the helper) before the configuration is taken: goresctrl's
+        error refuses it (the running one stays). A helper that does not
+        answer now: the commit resolves it later (an error is then logged)."""
+        rdt = prepared.spec.control.rdt
+        writer = self.policy_writer()
+        if isinstance(writer, NullWriter):
+            if rdtpartitions.wanted(rdt):
+                log.warning(
+                    "control.rdt partitions are configured but there is no SST helper "
+                    "(--sst-helper): resctrl is written through the helper; it is left as it is"
+                )
+            return
+        if rdt == self.rdt.rdt:
+            return
+        timeout = IRQ_LIST_TIMEOUT if wait.budget is None else None
+        error = exchange(self.rdt.check_steps(rdt, timeout), writer, wait.budget)
+        if error:
+            raise PolicyError(error)
 
     def helper_writer(self, endpoint: str) -> Writer:
         """The writer of ``--sst-helper`` (the unit tests' in-process helper
@@ -293,8 +326,13 @@ class Balloons:
                 self.decide_irqs()
                 done = await self._exchange(self.irq.commit_steps(CONFIG_TIMEOUT)) and done
                 self.report_late_denied_claims()
+                done = await self._exchange(self.rdt.commit_steps(CONFIG_TIMEOUT)) and done
                 if done:
-                    if not handler.unsettled() and not self.irq.unsettled():
+                    if (
+                        not handler.unsettled()
+                        and not self.irq.unsettled()
+                        and not self.rdt.unsettled()
+                    ):
                         # PCT is settled now: what the agent publishes from it
                         # (extended resources, NRT) is due again
                         if self.host is not None:
@@ -408,6 +446,7 @@ class Balloons:
         self.pod_resources(prepared)
         wait = self._reply_path()
         self.check_irq_claims(prepared, wait)
+        self.check_rdt(prepared, wait)
         self._stop_background()
         try:
             self.policy.set_config(prepared, wait)
@@ -440,6 +479,7 @@ class Balloons:
         ]
         wait = self._reply_path()
         self.check_irq_claims(prepared, wait)
+        self.check_rdt(prepared, wait)
         self._stop_background()
         try:
             self.policy.reconfigure(prepared, running, wait)

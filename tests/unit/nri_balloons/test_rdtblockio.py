@@ -176,18 +176,18 @@ def test_malformed_annotation_does_not_fail_creation(
     assert "invalid block I/O class annotation" in caplog.text
 
 
-def test_features_warn_only_about_rdt_partitions() -> None:
+def test_features_warn_about_no_rdt_option() -> None:
+    """Partitions are implemented (nri_balloons.rdtpartitions): no warning left."""
     plain = load_policy(CONFIG).spec
     assert unimplemented(plain) == []
     parts = load_policy(
         CONFIG.replace(
             "rdt: {enable: true, usePodQoSAsDefaultClass: true}",
-            "rdt: {enable: true, partitions: {p: {l3Allocation: {all: {unified: '100%'}}}}}",
+            "rdt: {enable: true, force: true, options: {l3: {optional: true}}, "
+            "partitions: {p: {l3Allocation: {all: {unified: '100%'}}}}}",
         )
     ).spec
-    (warning,) = unimplemented(parts)
-    assert "control.rdt: partitions" in warning
-    assert "rdt_config_file" in warning
+    assert unimplemented(parts) == []
 
 
 def test_container_the_policy_leaves_alone_still_gets_its_classes(host: PolicyHost) -> None:

@@ -24,6 +24,8 @@ REQUESTS: list[m.Request] = [
     m.ReadFrequency(cpus=[0, 1], clos=True),
     m.ListInterrupts(),
     m.SetIrqAffinity(groups=[m.IrqGroup(irqs=[4, 8], cpus=[0, 1])]),
+    m.ReadResctrl(),
+    m.SetResctrl(groups=[m.ResctrlGroup(name="gold", schemata={"L3": {0: 0xFF}})], force=True),
 ]
 
 CLOS = m.ClosConfig(clos=0, min_khz=0, max_khz=25_500_000, proportional_priority=0)
@@ -82,6 +84,13 @@ REPLIES: list[m.Reply] = [
         default_affinity=[0, 1],
     ),
     m.SetIrqAffinityReply(affinities={4: [1]}),
+    m.ReadResctrlReply(
+        mounted=True,
+        resources=[m.ResctrlResource(name="L3", cache_ids=[0], num_closids=16, cbm_mask=0xFF)],
+        groups=[m.ResctrlGroup(name="", schemata={"L3": {0: 0xFF}})],
+        managed=[],
+    ),
+    m.SetResctrlReply(groups=["gold"], removed=[]),
     m.ErrorReply(code="invalid-argument", message="no"),
 ]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from nri_sst.hostfs import Machine
 from nri_sst.interrupts import Interrupts, ProcInterrupts
+from nri_sst.resctrl import FsResctrl, Resctrl
 
 MSR_TSC = 0x10
 MSR_PM_LOGICAL_ID = 0x54
@@ -165,3 +166,10 @@ class Backend(ABC):
         """The IRQs the helper lists and writes: the host's procfs under the
         host root (the sim models its own)."""
         return ProcInterrupts(machine.root)
+
+    def resctrl(self, machine: Machine) -> Resctrl:
+        """RDT allocation: the host's resctrl under the host root (the sim
+        models its own). The groups it created are remembered for the
+        process's life only (a restarted helper removes none of them
+        without ``force``: it never removes what it cannot tell is its own)."""
+        return FsResctrl(machine.root)

@@ -55,6 +55,7 @@ from nri_sst.backends.base import (
 )
 from nri_sst.hostfs import Machine, SysfsWriter
 from nri_sst.interrupts import Interrupts, IrqWriteError
+from nri_sst.resctrl import Resctrl, ResctrlError
 
 MODULES_PER_PUNIT_MAX = 64  # 4 CLOS_ASSOC registers x 16 cores (sst.md §1.9)
 LOG_LIMIT = 500
@@ -131,6 +132,14 @@ class SimConfig:
     """CPUs never onlined since module load: GET_PHY_ID returns 0 (§5.5.4)."""
     interrupts: tuple[SimIrq, ...] = SERVER_IRQS
     """The model's ``/proc/interrupts``; every affinity starts as every online CPU."""
+    l3_cbm_mask: int = 0x7FFF
+    """resctrl's L3 (one cache id per package): 15 ways, as Xeons of this size."""
+    l3_min_cbm_bits: int = 1
+    num_closids: int = 16
+    mb_bandwidth_gran: int = 10
+    mb_min_bandwidth: int = 10
+    resctrl: bool = True
+    """resctrl mounted (False: no RDT allocation)."""
 
     @property
     def cores_per_package(self) -> int:
@@ -323,6 +332,9 @@ class SimBackend(Backend):
 
     def interrupts(self, machine: Machine) -> Interrupts:
         return SimInterrupts(self, machine)
+
+    def resctrl(self, machine: Machine) -> Resctrl:
+        return SimResctrl(self)
 
     # ------------------------------------------------------------------ ioctls
 
@@ -651,3 +663,128 @@ class SimInterrupts(Interrupts):
         self.sim.state["irqs"][str(irq)] = effective
         self.sim._log("irq-affinity", irq=irq, cpus=len(effective))
         return list(effective)
+
+
+class SimResctrl(Resctrl):
+    """The model's ``/sys/fs/resctrl``: L3 and MB with one cache id per
+    package, groups and their schemata in the sim's state (``resctrl``:
+    ``groups`` name -> resource -> cache id -> value, ``managed``, ``tasks``
+    name -> pids, which a test sets to play the runtime), written as the kernel
+    does: a schemata line is taken only whole and valid, else ``EINVAL``
+    (a non-contiguous or out-of-mask bitmask, fewer than ``min_cbm_bits``,
+    an unknown cache id), a ``mkdir`` beyond ``num_closids`` is ``ENOSPC``."""
+
+    def __init__(self, sim: SimBackend) -> None:
+        super().__init__()
+        self.sim = sim
+        c = sim.config
+        ids = list(range(c.packages))
+        self._resources = {
+            "L3": m.ResctrlResource(
+                name="L3",
+                cache_ids=ids,
+                num_closids=c.num_closids,
+                cbm_mask=c.l3_cbm_mask,
+                min_cbm_bits=c.l3_min_cbm_bits,
+            ),
+            "MB": m.ResctrlResource(
+                name="MB",
+                cache_ids=ids,
+                num_closids=c.num_closids,
+                bandwidth_gran=c.mb_bandwidth_gran,
+                min_bandwidth=c.mb_min_bandwidth,
+            ),
+        }
+        root = {"L3": {str(i): c.l3_cbm_mask for i in ids}, "MB": {str(i): 100 for i in ids}}
+        state: dict[str, Any] = sim.state.setdefault(
+            "resctrl", {"groups": {"": root}, "managed": [], "tasks": {}}
+        )
+        self.managed = set(state["managed"])
+
+    @property
+    def _state(self) -> dict[str, Any]:
+        state: dict[str, Any] = self.sim.state["resctrl"]
+        return state
+
+    def save_managed(self) -> None:
+        self._state["managed"] = sorted(self.managed)
+        self.sim.save()
+
+    def mounted(self) -> bool:
+        return self.sim.config.resctrl
+
+    def resources(self) -> dict[str, m.ResctrlResource]:
+        return dict(self._resources)
+
+    def group_names(self) -> list[str]:
+        return sorted(g for g in self._state["groups"] if g)
+
+    def schemata(self, group: str) -> dict[str, dict[int, int]]:
+        rows = self._state["groups"].get(group, {})
+        return {r: {int(i): int(v) for i, v in vals.items()} for r, vals in rows.items()}
+
+    def has_tasks(self, group: str) -> bool:
+        return bool(self._state["tasks"].get(group))
+
+    def create(self, group: str) -> None:
+        groups = self._state["groups"]
+        if group in groups:
+            return
+        if len(groups) >= self.sim.config.num_closids:
+            raise ResctrlError(
+                f"failed to create resctrl group {group!r}: {os.strerror(errno.ENOSPC)}"
+            )
+        c = self.sim.config
+        ids = range(c.packages)
+        groups[group] = {
+            "L3": {str(i): c.l3_cbm_mask for i in ids},
+            "MB": {str(i): 100 for i in ids},
+        }
+        self.sim._log("resctrl-mkdir", group=group)
+
+    def remove(self, group: str) -> None:
+        self._state["groups"].pop(group, None)
+        self._state["tasks"].pop(group, None)
+        self.sim._log("resctrl-rmdir", group=group)
+
+    def write_schemata(self, group: str, text: str) -> None:
+        rows = self._state["groups"].get(group)
+        if rows is None:
+            raise ResctrlError(f"resctrl group {group!r}: {os.strerror(errno.ENOENT)}")
+        new = {r: dict(v) for r, v in rows.items()}
+        for line in text.splitlines():
+            name, _, cells = line.partition(":")
+            res = self._resources.get(name)
+            if res is None:
+                raise ResctrlError(
+                    f"resctrl group {group!r}: {line!r}: {os.strerror(errno.EINVAL)}"
+                )
+            for cell in cells.split(";"):
+                key, _, value = cell.partition("=")
+                try:
+                    cache_id, v = int(key), int(value, 16 if res.cbm_mask else 10)
+                except ValueError:
+                    cache_id, v = -1, 0
+                if cache_id not in res.cache_ids or not self._kernel_takes(res, v):
+                    raise ResctrlError(
+                        f"resctrl group {group!r}: {line!r}: {os.strerror(errno.EINVAL)}"
+                    )
+                if not res.cbm_mask:
+                    gran = res.bandwidth_gran
+                    v = -(-v // gran) * gran  # the kernel rounds up to the granularity
+                new[name][str(cache_id)] = v
+        rows.clear()
+        rows.update(new)
+        self.sim._log("resctrl-schemata", group=group)
+
+    @staticmethod
+    def _kernel_takes(res: m.ResctrlResource, v: int) -> bool:
+        if not res.cbm_mask:
+            return res.min_bandwidth <= v <= 100
+        low = v & -v
+        return (
+            v > 0
+            and not v & ~res.cbm_mask
+            and not (v + low) & v
+            and v.bit_count() >= res.min_cbm_bits
+        )
