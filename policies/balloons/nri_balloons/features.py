@@ -1,7 +1,9 @@
-"""Configuration features that parse and validate but are not implemented yet.
+"""Configuration features that cannot take effect as configured.
 
-A configuration that uses one gets a clear warning in the log (never silence);
-the README's feature table lists the same items.
+Every upstream feature is implemented (the README's feature table); what is
+left here is a configuration asking for one without what it needs, e.g.
+pod-resources hints with the pod-resources API off. Each gets a clear
+warning in the log (never silence).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from nri_balloons.devices import PODRES_PREFIX
 
 
 def unimplemented(spec: BalloonsPolicySpec) -> list[str]:
-    """One warning per unimplemented feature the configuration uses."""
+    """One warning per feature the configuration uses that cannot take effect."""
     out: list[str] = []
     for bt in spec.balloon_types:
         podres = [d for d in bt.prefer_close_to_devices if d.startswith(PODRES_PREFIX)]
