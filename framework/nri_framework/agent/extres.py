@@ -213,7 +213,7 @@ class ExtendedResources:
             try:
                 await asyncio.wait_for(self._kick.wait(), delay)
             except TimeoutError:
-                resync = True
+                resync = failures == 0  # else it is the retry's delay
             self._kick.clear()
             if self.in_force is None:  # not decided yet: do not flap at start-up
                 delay = self.next_resync()

@@ -502,6 +502,109 @@ async def test_extended_resources_loop() -> None:
         task.cancel()
 
 
+def node_obj(capacity: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "n1"}, "status": {"capacity": dict(capacity)}}
+
+
+def watched(api: FakeApi, want: dict[str, int | None], **kw: Any) -> ExtendedResources:
+    ext = ExtendedResources(
+        node="n1",
+        client=api,  # type: ignore[arg-type]
+        io=io,
+        desired=lambda: want,
+        **{"resync": 30.0, "retry": 0.05, **kw},
+    )
+    ext.on_node("SYNC", [api.node])  # what the agent's Node watch delivers
+    return ext
+
+
+async def test_extended_resources_nothing_to_publish_sends_nothing() -> None:
+    api = FakeApi()
+    api.node["status"]["capacity"]["example.com/y"] = "2"
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/*": None}
+    ext = watched(api, want)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        for _ in range(20):  # container changes
+            ext.changed()
+            await asyncio.sleep(0.005)
+        await settle(lambda: ext.rounds >= 1)
+        await asyncio.sleep(0.05)
+        assert api.calls == []  # no Node GET, no patch
+        # someone else adds a key in our domain: the watch shows it, one patch removes it
+        ext.on_node("MODIFIED", node_obj({"cpu": "8", "cpuclass.balloons.nri.io/z": "1"}))
+        await settle(lambda: api.names() == ["patch_node"])
+        assert api.calls[0][1] == {"status": {"capacity": {"cpuclass.balloons.nri.io/z": None}}}
+    finally:
+        task.cancel()
+
+
+async def test_extended_resources_publish_from_the_watched_capacity() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/hp": 4}
+    ext = watched(api, want)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        await settle(lambda: ext.rounds == 1)
+        for _ in range(5):
+            ext.changed()
+            await asyncio.sleep(0.01)
+        # our own patch comes back through the watch: no change, nothing more
+        ext.on_node("MODIFIED", api.node)
+        await asyncio.sleep(0.05)
+        assert api.names() == ["patch_node"]
+        want["cpuclass.balloons.nri.io/hp"] = 3
+        ext.changed()
+        await settle(lambda: api.names() == ["patch_node", "patch_node"])
+        assert api.node["status"]["capacity"]["cpuclass.balloons.nri.io/hp"] == "3"
+    finally:
+        task.cancel()
+
+
+async def test_extended_resources_resync_reads_only_when_publishing() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/*": None}
+    ext = watched(api, want, resync=0.02)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        await settle(lambda: ext.rounds >= 5)
+        assert api.calls == []  # nothing published: resyncs need no read
+        want["cpuclass.balloons.nri.io/hp"] = 1
+        await settle(lambda: api.names().count("get_node") >= 2)
+        assert "patch_node" in api.names()
+    finally:
+        task.cancel()
+
+
+def test_extended_resources_resync_is_jittered_per_node() -> None:
+    def periods(node: str) -> list[float]:
+        ext = ExtendedResources(node=node, client=None, io=None, desired=dict, resync=300)  # type: ignore[arg-type]
+        return [ext.next_resync() for _ in range(20)]
+
+    a, b = periods("node-a"), periods("node-b")
+    assert a != b and len(set(a)) == 20
+    assert all(225 <= x <= 375 for x in a + b)
+
+
+async def test_extended_resources_retry_delay_grows() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/hp": 4}
+    api.fail["patch_node"] = 10**6
+    ext = watched(api, want, retry=0.01)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        await asyncio.sleep(0.6)
+        # 0.01, 0.02, 0.04 ... 0.32: about 6 tries in 0.6 s, not 60
+        assert 3 <= api.names().count("patch_node") <= 8, api.names()
+        assert "get_node" not in api.names()  # the watched capacity still holds
+    finally:
+        task.cancel()
+
+
 async def test_source_rejected_update_keeps_the_running_one_in_force() -> None:
     s = Source()
     src = s.source
