@@ -117,6 +117,10 @@ async def churn_and_measure(
         file=sys.stderr,
     )
     assert lists(c2 - c0) == 0, c2 - c0  # no LIST after start-up
+    # no read without a reason: no class publishes, the Node watch tells its capacity
+    # (and the NRT's resourceVersion comes from our own last write)
+    assert (c2 - c0)[("GET", "nodes")] == 0, c2 - c0
+    assert (c2 - c0)[("GET", "noderesourcetopologies")] == 0, c2 - c0
     assert writes(c2 - c0) > 0, "the churn made no NRT write at all"
     for c, n in zip(clusters, nodes, strict=True):
         await eventually(lambda c=c, n=n: nrt_matches(c, n), timeout=WINDOW * SCALE + 5)
@@ -228,3 +232,36 @@ async def test_outage_writes_wait_and_merge(cluster: Cluster) -> None:
         assert writes(nrt_writes) == 1, nrt_writes
         assert writes(node_writes) == 1, node_writes
         assert n.plugin.proc.returncode is None
+
+
+async def test_conflict_is_answered_by_one_reread(cluster: Cluster) -> None:
+    """Someone else writes our NRT object: the agent's next PUT gets a 409 from the
+    real server, reads once and writes once."""
+    st = cluster.stack
+    await asyncio.to_thread(st.create_node, cluster.node)
+    cluster.create(
+        "default",
+        work_spec(
+            1,
+            agent={"nodeResourceTopology": True, "nodeResourceTopologyWindow": "1s"},
+            showContainersInNrt=True,
+        ),
+    )
+    async with plugin_node(cluster) as n:
+        await n.run("p1")
+        await eventually(lambda: nrt_matches(cluster, n), timeout=30)
+        obj = cluster.nrt()
+        obj["attributes"].append({"name": "someone", "value": "else"})
+        cluster.objs.replace_cluster_custom_object(
+            "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", cluster.node, obj
+        )
+        c0 = request_counts(st)
+        await n.run("p2")
+        await eventually(lambda: nrt_matches(cluster, n), timeout=30)
+        await asyncio.sleep(1.5)
+        diff = request_counts(st) - c0
+        nrt = {k: v for k, v in diff.items() if k[1] == "noderesourcetopologies"}
+        # the test's own reads are kubectl's LISTs; the agent's: PUT (409), GET, PUT
+        assert nrt.get(("GET", "noderesourcetopologies")) == 1, nrt
+        assert nrt.get(("PUT", "noderesourcetopologies")) == 2, nrt
+        assert cluster.nrt()["attributes"] == [{"name": "TopologyPolicy", "value": "balloons"}]
