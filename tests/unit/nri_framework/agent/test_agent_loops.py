@@ -430,6 +430,27 @@ async def test_nrt_conflict_is_answered_by_one_reread(publisher: Publisher) -> N
     assert api.names()[10:] == ["get_nrt", "replace_nrt"]
 
 
+async def test_nrt_restart_on_an_unchanged_object_writes_nothing(publisher: Publisher) -> None:
+    p, api = publisher, publisher.api
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    # a new process (nothing known) finds the object as it would write it
+    again = Publisher()
+    again.api.nrt = api.nrt
+    task = asyncio.create_task(again.pub.run())
+    try:
+        again.pub.set_enabled(True)
+        await settle(lambda: again.pub.writes == 1)
+        assert again.api.names() == ["get_nrt"]
+        again.state["n"] = 2  # a real change is written, on the version read
+        again.pub.set_enabled(True)
+        await settle(lambda: again.pub.writes == 2)
+        assert again.api.names() == ["get_nrt", "replace_nrt"]
+        assert again.api.calls[-1][1]["metadata"]["resourceVersion"] == "1"
+    finally:
+        task.cancel()
+
+
 async def test_nrt_deleted_object_is_created_again(publisher: Publisher) -> None:
     p, api = publisher, publisher.api
     p.pub.set_enabled(True)
