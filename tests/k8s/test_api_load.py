@@ -265,3 +265,26 @@ async def test_conflict_is_answered_by_one_reread(cluster: Cluster) -> None:
         assert nrt.get(("GET", "noderesourcetopologies")) == 1, nrt
         assert nrt.get(("PUT", "noderesourcetopologies")) == 2, nrt
         assert cluster.nrt()["attributes"] == [{"name": "TopologyPolicy", "value": "balloons"}]
+
+
+async def test_restart_on_an_unchanged_node_writes_no_nrt(cluster: Cluster) -> None:
+    """A restarted agent reads its NRT object once and, as the real server returns it
+    unchanged, writes nothing."""
+    st = cluster.stack
+    await asyncio.to_thread(st.create_node, cluster.node)
+    agent = {"nodeResourceTopology": True, "nodeResourceTopologyWindow": "1s"}
+    cluster.create("default", work_spec(1, agent=agent))
+    async with plugin_node(cluster) as n:
+        await eventually(cluster.nrt, timeout=30, what="the first NRT")
+        await asyncio.sleep(2)  # settled: a trailing write (after the sync) is done
+    first = cluster.nrt()
+    c0 = request_counts(st)
+    async with plugin_node(cluster) as n:
+        await eventually(lambda: n.lines("enabling NRT client") or fail("not enabled"))
+        await asyncio.sleep(2)
+    diff = request_counts(st) - c0
+    nrt = {k: v for k, v in diff.items() if k[1] == "noderesourcetopologies"}
+    second = cluster.nrt()
+    assert (first["zones"], first["attributes"]) == (second["zones"], second["attributes"])
+    assert nrt == {("GET", "noderesourcetopologies"): 1}, nrt  # the agent's read only
+    assert second["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]

@@ -17,7 +17,8 @@ What it sends, and how often (issue #16, README "The agent and the API server"):
 * PUT carries the ``resourceVersion`` of the object the last write returned:
   no GET before a PUT. A GET happens only at start (is there one already?),
   after a 409 (someone else changed it: one re-read, one more PUT, no loop)
-  and a 404 makes one POST.
+  and a 404 makes one POST. What was read is not written again when it already
+  says the same (a restarted agent on an unchanged node writes nothing).
 * A failed write is retried with a growing delay (1 s to 30 s): changes made
   meanwhile merge into that one retry, so an API server that is slow or down
   sees one request per delay, and its recovery one write.
@@ -105,6 +106,10 @@ def _content(policy: str, zones: Sequence[Zone]) -> Obj:
     }
 
 
+def _content_of(obj: Obj) -> Obj:
+    return {"attributes": obj.get("attributes"), "zones": obj.get("zones")}
+
+
 def write_nrt(
     client: KubeClient, node: str, policy: str, zones: Sequence[Zone], last: Obj | None
 ) -> Obj:
@@ -113,6 +118,7 @@ def write_nrt(
     ``last`` is what the previous write returned (``None``: nothing known, read
     it first). A 409 is answered by one re-read and one more PUT (at most one
     read per call); a 404 by one POST; anything else raises :class:`KubeError`.
+    An object read that already says what we would write is not written again.
     """
 
     def read() -> Obj | None:
@@ -128,6 +134,8 @@ def write_nrt(
     def put_or_post(current: Obj | None) -> Obj:
         if current is None:
             return client.create_nrt(nrt_object(node, policy, zones))
+        if current is not last and _content_of(current) == _content(policy, zones):
+            return current  # as read, it already says this (a restart): nothing to write
         return client.replace_nrt(node, nrt_object(node, policy, zones, current))
 
     current = read() if last is None else last
