@@ -223,15 +223,16 @@ class ExtendedResources:
             # watch would hide what others removed); otherwise the watch suffices
             if resync and any(v is not None for v in desired.values()):
                 self.capacity = None
+            seen = self.capacity
             try:
-                p, self.capacity = await self.io(
-                    reconcile, self.client, self.node, desired, self.capacity
-                )
+                p, capacity = await self.io(reconcile, self.client, self.node, desired, seen)
             except Exception as exc:
                 failures += 1
                 delay = min(self.retry * 2 ** (failures - 1), RETRY_MAX)
                 log.error("failed to reconcile extended resources: %s", exc)
                 continue
+            if self.capacity is seen:  # else the watch told something newer meanwhile
+                self.capacity = capacity
             failures = 0
             delay = self.next_resync()
             self.rounds += 1

@@ -82,6 +82,7 @@ class FakeApi:
         return self.node
 
     def patch_node_status(self, name: str, patch: Any, timeout: float = 5.0) -> Any:
+        self.gate.wait(5)
         self._record("patch_node", patch)
         cap = self.node["status"]["capacity"]
         for k, v in patch["status"]["capacity"].items():
@@ -580,6 +581,31 @@ async def test_extended_resources_publish_from_the_watched_capacity() -> None:
         ext.changed()
         await settle(lambda: api.names() == ["patch_node", "patch_node"])
         assert api.node["status"]["capacity"]["cpuclass.balloons.nri.io/hp"] == "3"
+    finally:
+        task.cancel()
+
+
+async def test_extended_resources_watch_news_during_a_patch_are_kept() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {
+        "cpuclass.balloons.nri.io/*": None,
+        "cpuclass.balloons.nri.io/hp": 4,
+    }
+    ext = watched(api, want)
+    task = asyncio.create_task(ext.run())
+    try:
+        api.gate.clear()  # the patch hangs
+        ext.set_in_force(True)
+        await asyncio.sleep(0.05)
+        # meanwhile someone adds an orphan: the watch shows it (the patch reply will not)
+        orphan = node_obj({"cpu": "8", "cpuclass.balloons.nri.io/z": "1"})
+        api.node["status"]["capacity"]["cpuclass.balloons.nri.io/z"] = "1"
+        ext.on_node("MODIFIED", orphan)
+        reply = {"status": {"capacity": {"cpu": "8", "cpuclass.balloons.nri.io/hp": "4"}}}
+        api.node = reply  # what the hung patch will answer, older than the watch
+        api.gate.set()
+        await settle(lambda: api.names().count("patch_node") == 2)
+        assert api.calls[-1][1]["status"]["capacity"]["cpuclass.balloons.nri.io/z"] is None
     finally:
         task.cancel()
 
