@@ -90,6 +90,7 @@ NON_NEGATIVE: set[FieldKey] = {
 DURATIONS: set[FieldKey] = {
     (cfg.InstrumentationConfig, "reportPeriod"),
     (cfg.InstrumentationConfig, "logExportPeriod"),
+    (cfg.AgentConfig, "nodeResourceTopologyWindow"),
 }
 
 # Required by the CRD although the struct defaults them to "": our decoder

@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from nri_framework.agent.config import ConfigSource, nrt_enabled
+from nri_framework.agent.config import ConfigSource, nrt_enabled, nrt_window
 from nri_framework.agent.extres import ExtendedResources
 from nri_framework.agent.kube import (
     Informer,
@@ -136,7 +136,7 @@ class Agent:
                 f"node {opts.node}",
                 node_snapshot,
                 functools.partial(client.watch_nodes, opts.node),
-                to_loop(source.on_node),
+                to_loop(self._on_node),
             ),
             Informer(
                 f"{self.resource.plural} in {opts.namespace}",
@@ -205,9 +205,17 @@ class Agent:
         error = await self.host.try_reconfigure(text, source)
         return None if error is None else str(error)
 
+    def _on_node(self, kind: str, payload: Any) -> None:
+        """The Node watch: its labels choose the configuration, its capacity
+        is what the extended resources are compared with."""
+        assert self.source is not None and self.extres is not None
+        self.source.on_node(kind, payload)
+        self.extres.on_node(kind, payload)
+
     def _config_changed(self, spec: Mapping[str, Any] | None) -> None:
         assert self.nrt is not None and self.extres is not None
         if spec is not None:
+            self.nrt.set_window(nrt_window(spec))
             self.nrt.set_enabled(nrt_enabled(spec))
         self.extres.set_in_force(spec is not None)
 

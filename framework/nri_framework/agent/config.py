@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import re
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,48 @@ def nrt_enabled(spec: Mapping[str, Any] | None) -> bool:
     if not isinstance(agent, Mapping):
         return True
     return bool(agent.get("nodeResourceTopology", False))
+
+
+#: ``agent.nodeResourceTopologyWindow`` when unset: seconds between two NRT writes.
+NRT_WINDOW = 10.0
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
+                   "m": 60.0, "h": 3600.0}  # fmt: skip
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """A Go duration (``"10s"``, ``"1m30s"``, ``"0"``) in seconds; ValueError else."""
+    body = text.strip()
+    sign = -1.0 if body.startswith("-") else 1.0
+    body = body.lstrip("+-")
+    if body == "0":
+        return 0.0
+    total, at = 0.0, 0
+    for m in _DURATION_PART.finditer(body):
+        if m.start() != at:
+            break
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        at = m.end()
+    if not body or at != len(body):
+        raise ValueError(f"invalid duration {text!r}")
+    return sign * total
+
+
+def nrt_window(spec: Mapping[str, Any] | None) -> float:
+    """``spec.agent.nodeResourceTopologyWindow`` in seconds (10 s when unset);
+    an unusable value (the policy's validation rejects it first) gives the default."""
+    agent = (spec or {}).get("agent")
+    text = agent.get("nodeResourceTopologyWindow") if isinstance(agent, Mapping) else None
+    if not text:
+        return NRT_WINDOW
+    try:
+        window = parse_duration(str(text))
+    except ValueError:
+        window = -1.0
+    if window < 0:
+        log.warning("agent.nodeResourceTopologyWindow %r is not usable: using 10s", text)
+        return NRT_WINDOW
+    return window
 
 
 # --- status ---------------------------------------------------------------------------

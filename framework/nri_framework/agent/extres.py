@@ -7,21 +7,27 @@ in ``/*`` claims the domain (every key in it that is not published goes).
 Only names matching ``*.nri.io/*`` are ever touched: ``example.com/x`` is
 never published nor removed, whatever the policy says.
 
-One loop reconciles: GET the Node, diff ``status.capacity`` against the
-desired map, one JSON merge patch of ``/status`` (``null`` removes a key; a
-no-op for a key already gone). It runs after changes (coalesced), every 30 s
-to repair what others changed, and 5 s after a failure. Only ``capacity`` is
-patched: the kubelet derives ``allocatable`` from it. Nothing is removed on
-exit; losing the effective configuration (the BalloonsPolicy deleted) removes
-everything owned.
+One loop reconciles: diff the Node's ``status.capacity`` against the desired
+map, one JSON merge patch of ``/status`` (``null`` removes a key; a no-op for
+a key already gone). The capacity comes from the agent's watch of its Node
+(:meth:`ExtendedResources.on_node`) and from what each patch returns, so a
+reconciliation that finds nothing to change sends nothing: with no class
+publishing and nothing owned on the Node the agent never reads the Node for
+this. A GET happens only when the watch has not told the capacity yet, and on
+the periodic resync (every few minutes, jittered per node, only when this
+process publishes something). It runs after changes (coalesced), on the watch's
+changes of the Node (what others did) and after a failure with a growing delay
+(5 s to 60 s). Only ``capacity`` is patched: the kubelet derives ``allocatable``
+from it. Nothing is removed on exit; losing the effective configuration (the
+BalloonsPolicy deleted) removes everything owned.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+import random
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +42,10 @@ log = logging.getLogger("nri_framework.agent")
 #: Agent-wide guard: the only names ever published or removed.
 OWNED_PATTERN = "*.nri.io/*"
 PATCH_TIMEOUT = 5.0
+#: Longest delay between the tries after failures (the first is ``retry``).
+RETRY_MAX = 60.0
+#: The resync period is ``resync`` times a factor drawn in this range, per node and round.
+JITTER = (0.75, 1.25)
 
 
 def glob_regex(pattern: str) -> re.Pattern[str]:
@@ -108,14 +118,24 @@ def plan(capacity: Mapping[str, Any], desired: Mapping[str, int | None]) -> Plan
     return result
 
 
-def reconcile(client: KubeClient, node: str, desired: Mapping[str, int | None]) -> Plan:
-    """Blocking: read the node, patch what differs; the plan that was applied."""
-    obj = client.get_node(node)
-    capacity = (obj.get("status") or {}).get("capacity") or {}
+def capacity_of(node: Obj) -> dict[str, Any]:
+    return dict((node.get("status") or {}).get("capacity") or {})
+
+
+def reconcile(
+    client: KubeClient,
+    node: str,
+    desired: Mapping[str, int | None],
+    capacity: Mapping[str, Any] | None,
+) -> tuple[Plan, dict[str, Any]]:
+    """Blocking: diff ``capacity`` (``None``: read the node first), patch what
+    differs; the plan that was applied and the capacity now."""
+    if capacity is None:
+        capacity = capacity_of(client.get_node(node))
     p = plan(capacity, desired)
     if p.capacity:
-        client.patch_node_status(node, p.patch, timeout=PATCH_TIMEOUT)
-    return p
+        return p, capacity_of(client.patch_node_status(node, p.patch, timeout=PATCH_TIMEOUT))
+    return p, dict(capacity)
 
 
 class ExtendedResources:
@@ -143,8 +163,28 @@ class ExtendedResources:
         #: Names this process published (removed when no longer wanted).
         self.published: set[str] = set()
         self.rounds = 0
+        #: The Node's ``status.capacity`` as last seen (watch or patch reply); ``None``: unknown.
+        self.capacity: dict[str, Any] | None = None
+        self._rng = random.Random(node)
         self._kick = asyncio.Event()
         self._refused_logged: set[str] = set()
+
+    def on_node(self, kind: str, payload: Any) -> None:
+        """The agent's Node watch (on the event loop): keep its capacity, reconcile."""
+        if kind == "SYNC":
+            node = payload[0] if payload else None
+        elif kind == "DELETED":
+            node = None
+        else:
+            node = payload
+        capacity = None if node is None else capacity_of(node)
+        if capacity != self.capacity:
+            self.capacity = capacity
+            self._kick.set()
+
+    def next_resync(self) -> float:
+        """Seconds to the next resync: ``resync`` jittered per node and round."""
+        return self.resync * self._rng.uniform(*JITTER)
 
     def set_in_force(self, in_force: bool) -> None:
         self.in_force = in_force
@@ -166,22 +206,35 @@ class ExtendedResources:
         return wanted
 
     async def run(self) -> None:
-        delay = self.resync
+        delay = self.next_resync()
+        failures = 0
         while True:
-            with contextlib.suppress(TimeoutError):
+            resync = False
+            try:
                 await asyncio.wait_for(self._kick.wait(), delay)
+            except TimeoutError:
+                resync = failures == 0  # else it is the retry's delay
             self._kick.clear()
             if self.in_force is None:  # not decided yet: do not flap at start-up
-                delay = self.resync
+                delay = self.next_resync()
                 continue
             desired = self.desired()
+            # a resync reads the Node again only when we publish something (a stale
+            # watch would hide what others removed); otherwise the watch suffices
+            if resync and any(v is not None for v in desired.values()):
+                self.capacity = None
+            seen = self.capacity
             try:
-                p = await self.io(reconcile, self.client, self.node, desired)
+                p, capacity = await self.io(reconcile, self.client, self.node, desired, seen)
             except Exception as exc:
+                failures += 1
+                delay = min(self.retry * 2 ** (failures - 1), RETRY_MAX)
                 log.error("failed to reconcile extended resources: %s", exc)
-                delay = self.retry
                 continue
-            delay = self.resync
+            if self.capacity is seen:  # else the watch told something newer meanwhile
+                self.capacity = capacity
+            failures = 0
+            delay = self.next_resync()
             self.rounds += 1
             for message in p.refused:
                 if message not in self._refused_logged:

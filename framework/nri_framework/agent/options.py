@@ -14,8 +14,9 @@ log = logging.getLogger("nri_framework.agent")
 
 DEFAULT_NAMESPACE = "kube-system"
 DEFAULT_GROUP_LABEL = "config.nri/group"
-#: Seconds between resyncs of the extended resources, and after a failure.
-RESYNC = 30.0
+#: Seconds between resyncs of the extended resources (jittered per node), and to the
+#: first retry after a failure (the delay grows after more).
+RESYNC = 300.0
 RETRY = 5.0
 
 

@@ -265,6 +265,8 @@ class InstrumentationConfig(_Obj):
 class AgentConfig(_Obj):
     node_resource_topology: bool = False
     pod_resource_api: bool = msgspec.field(default=False, name="podResourceAPI")
+    #: Not upstream: the least time between two NRT writes (Go duration; "" is 10s).
+    node_resource_topology_window: str = ""
 
 
 def _default_agent() -> AgentConfig:

@@ -116,4 +116,11 @@ def schema_errors(s: BalloonsPolicySpec) -> list[str]:
     enum(f"{at}.logExporter", ins.log_exporter, LOG_EXPORTERS)
     duration(f"{at}.reportPeriod", ins.report_period)
     duration(f"{at}.logExportPeriod", ins.log_export_period)
+    window = "spec.agent.nodeResourceTopologyWindow"
+    duration(window, s.agent.node_resource_topology_window)
+    if s.agent.node_resource_topology_window.startswith("-"):
+        errors.append(
+            f"{window}: Invalid value: {quote(s.agent.node_resource_topology_window)}:"
+            " must not be negative"
+        )
     return errors

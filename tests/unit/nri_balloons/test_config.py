@@ -263,6 +263,11 @@ CASES: list[tuple[str, str, str]] = [
     ("reportPeriod", "instrumentation: {reportPeriod: 30x}\n",
      'spec.instrumentation.reportPeriod: Invalid value: "30x": spec.instrumentation.reportPeriod'
      ' in body must be of type duration: "30x"'),
+    ("nodeResourceTopologyWindow", "agent: {nodeResourceTopologyWindow: 10 s}\n",
+     'spec.agent.nodeResourceTopologyWindow: Invalid value: "10 s":'
+     ' spec.agent.nodeResourceTopologyWindow in body must be of type duration: "10 s"'),
+    ("negative nodeResourceTopologyWindow", "agent: {nodeResourceTopologyWindow: -1s}\n",
+     'spec.agent.nodeResourceTopologyWindow: Invalid value: "-1s": must not be negative'),
 ]  # fmt: skip
 
 

@@ -13,6 +13,8 @@ from nri_framework.agent.config import (
     effective_name,
     node_group,
     nrt_enabled,
+    nrt_window,
+    parse_duration,
     policy_text,
     status_patch,
     status_removal,
@@ -251,3 +253,29 @@ def test_client_configuration_source(
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     load_client_configuration(kubeconfig)
     assert used == [want]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("10s", 10.0), ("0", 0.0), ("1m30s", 90.0), ("1.5s", 1.5), ("250ms", 0.25), ("2h", 7200.0),
+     ("-3s", -3.0)],
+)  # fmt: skip
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "10", "s", "10 s", "1x", "1s2"])
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_nrt_window(caplog: pytest.LogCaptureFixture) -> None:
+    assert nrt_window(None) == 10.0
+    assert nrt_window({"agent": {"nodeResourceTopology": True}}) == 10.0
+    assert nrt_window({"agent": {"nodeResourceTopologyWindow": "1m"}}) == 60.0
+    assert nrt_window({"agent": {"nodeResourceTopologyWindow": "0"}}) == 0.0
+    with caplog.at_level(logging.WARNING, "nri_framework.agent"):
+        assert nrt_window({"agent": {"nodeResourceTopologyWindow": "-1s"}}) == 10.0
+        assert nrt_window({"agent": {"nodeResourceTopologyWindow": "soon"}}) == 10.0
+    assert caplog.text.count("is not usable: using 10s") == 2

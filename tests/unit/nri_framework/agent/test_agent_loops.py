@@ -1,6 +1,7 @@
-"""The agent's loops on a recording stand-in of the API (the k8s tier runs them
-against a real API server): the configuration source's decisions and status
-writes, NRT coalescing and retries, extended-resource retries."""
+"""The agent's loops on a recording stand-in of the API (ours, small: the k8s tier
+runs them against a real API server): the configuration source's decisions and
+status writes, NRT coalescing over its window (on an injected clock), conflicts
+and back-off, extended resources from the Node watch and their retries."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from nri_framework.agent.config import ConfigSource
 from nri_framework.agent.extres import ExtendedResources
 from nri_framework.agent.kube import KubeError, PolicyResource
-from nri_framework.agent.nrt import NrtPublisher
+from nri_framework.agent.nrt import Clock, NrtPublisher
 from nri_framework.zones import Zone, ZoneAttribute
 
 
@@ -26,6 +27,10 @@ class FakeApi:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.fail: dict[str, int] = {}
+        #: the HTTP status of the injected failures (default 500)
+        self.status: dict[str, int] = {}
+        self.in_flight = 0
+        self.most_in_flight = 0
         self.nrt: dict[str, Any] | None = None
         self.node: dict[str, Any] = {"status": {"capacity": {"cpu": "8"}}}
         self.gate = threading.Event()
@@ -37,7 +42,7 @@ class FakeApi:
             self.calls.append((name, arg))
             if self.fail.get(name):
                 self.fail[name] -= 1
-                raise KubeError(500, f"{name} failed")
+                raise KubeError(self.status.get(name, 500), f"{name} failed")
 
     def names(self) -> list[str]:
         return [n for n, _ in self.calls]
@@ -59,15 +64,25 @@ class FakeApi:
         return self.nrt
 
     def replace_nrt(self, name: str, body: Any) -> Any:
-        self._record("replace_nrt", body)
-        self.nrt = body
-        return body
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            self.gate.wait(5)
+            self._record("replace_nrt", body)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+        rv = int(body["metadata"].get("resourceVersion") or 0) + 1
+        self.nrt = dict(body, metadata=dict(body["metadata"], resourceVersion=str(rv)))
+        return self.nrt
 
     def get_node(self, name: str) -> Any:
         self._record("get_node", name)
         return self.node
 
     def patch_node_status(self, name: str, patch: Any, timeout: float = 5.0) -> Any:
+        self.gate.wait(5)
         self._record("patch_node", patch)
         cap = self.node["status"]["capacity"]
         for k, v in patch["status"]["capacity"].items():
@@ -253,57 +268,220 @@ def zones(n: int) -> list[Zone]:
     ]
 
 
-async def test_nrt_coalesces_and_replaces() -> None:
-    api = FakeApi()
-    state = {"n": 1}
-    pub = NrtPublisher(
-        node="n1",
-        policy="balloons",
-        client=api,  # type: ignore[arg-type]
-        io=io,
-        zones=lambda: zones(state["n"]),
-    )
-    task = asyncio.create_task(pub.run())
+class FakeClock(Clock):
+    """Time that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (self.t + seconds, fut)
+        self.sleepers.append(entry)
+        try:
+            await fut
+        finally:
+            self.sleepers.remove(entry)
+
+    async def advance(self, seconds: float, settle: float = 0.05) -> None:
+        """Move on ``seconds``; wake who is due; let the loop run ``settle`` (real) s."""
+        self.t += seconds
+        for when, fut in list(self.sleepers):
+            if when <= self.t and not fut.done():
+                fut.set_result(None)
+        await asyncio.sleep(settle)
+
+
+class Publisher:
+    """An NRT publisher on FakeApi and a FakeClock; ``state["n"]`` zones."""
+
+    def __init__(self, window: float = 10.0) -> None:
+        self.api = FakeApi()
+        self.clock = FakeClock()
+        self.state = {"n": 1}
+        self.pub = NrtPublisher(
+            node="n1",
+            policy="balloons",
+            client=self.api,  # type: ignore[arg-type]
+            io=io,
+            zones=lambda: zones(self.state["n"]),
+            window=window,
+            clock=self.clock,
+        )
+
+    def written_zones(self) -> int:
+        return len(self.api.calls[-1][1]["zones"])
+
+
+@pytest.fixture
+async def publisher() -> Any:
+    p = Publisher()
+    task = asyncio.create_task(p.pub.run())
+    yield p
+    task.cancel()
+
+
+async def test_nrt_first_write_at_once_then_one_per_window(publisher: Publisher) -> None:
+    p, api = publisher, publisher.api
+    p.pub.changed()  # disabled: nothing
+    await asyncio.sleep(0.05)
+    assert api.calls == []
+    p.pub.set_enabled(True)  # the first publication: at once
+    await settle(lambda: p.pub.writes == 1)
+    assert api.names() == ["get_nrt", "create_nrt"]
+    for i in range(2, 40):  # 38 changes within the window
+        p.state["n"] = i
+        p.pub.changed()
+        await p.clock.advance(0.25)
+    assert api.names() == ["get_nrt", "create_nrt"]  # 9.5 s: still waiting
+    await p.clock.advance(0.5)
+    await settle(lambda: p.pub.writes == 2)
+    # one write of the state at that time; no GET before the PUT, which carries
+    # the resourceVersion the create returned
+    assert api.names() == ["get_nrt", "create_nrt", "replace_nrt"]
+    assert p.written_zones() == 39
+    assert api.calls[-1][1]["metadata"]["resourceVersion"] == "1"
+    p.state["n"] = 3
+    p.pub.changed()
+    await p.clock.advance(9.9)
+    assert p.pub.writes == 2
+    await p.clock.advance(0.1)
+    await settle(lambda: p.pub.writes == 3)
+    assert api.calls[-1][1]["metadata"]["resourceVersion"] == "2"
+
+
+async def test_nrt_configuration_change_writes_at_once(publisher: Publisher) -> None:
+    p = publisher
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    p.state["n"] = 2
+    p.pub.changed()
+    await p.clock.advance(1)
+    assert p.pub.writes == 1  # an ordinary change waits for the window
+    p.pub.set_enabled(True)  # a configuration was accepted: no waiting
+    await settle(lambda: p.pub.writes == 2)
+    assert p.clock.now() == 1
+    assert p.written_zones() == 2
+
+
+async def test_nrt_no_write_when_unchanged(publisher: Publisher) -> None:
+    p = publisher
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    for _ in range(3):
+        p.pub.changed()
+        await p.clock.advance(10)
+    p.pub.set_enabled(True)
+    await p.clock.advance(10)
+    assert p.api.names() == ["get_nrt", "create_nrt"]
+
+
+async def test_nrt_one_write_in_flight(publisher: Publisher) -> None:
+    p, api = publisher, publisher.api
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    api.gate.clear()  # the next PUT blocks
+    p.state["n"] = 2
+    p.pub.changed()
+    await p.clock.advance(10)
+    await settle(lambda: api.in_flight == 1)
+    for i in range(3, 30):  # changes and urgent ones while it hangs
+        p.state["n"] = i
+        p.pub.changed()
+        p.pub.set_enabled(True)
+        await p.clock.advance(10)
+    api.gate.set()
+    await settle(lambda: p.pub.writes == 3)
+    await p.clock.advance(10)
+    assert api.most_in_flight == 1
+    assert api.names().count("replace_nrt") == 2  # the hung one, then one of the latest
+    assert p.written_zones() == 29
+
+
+async def test_nrt_conflict_is_answered_by_one_reread(publisher: Publisher) -> None:
+    p, api = publisher, publisher.api
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    api.fail["replace_nrt"], api.status["replace_nrt"] = 1, 409
+    p.state["n"] = 2
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 2)
+    assert api.names()[2:] == ["replace_nrt", "get_nrt", "replace_nrt"]
+    # conflicts every time: one re-read per try, then the back-off, not a loop
+    api.fail["replace_nrt"] = 3
+    p.state["n"] = 3
+    p.pub.set_enabled(True)
+    await settle(lambda: len(api.calls) == 8)
+    await asyncio.sleep(0.05)
+    assert len(api.calls) == 8
+    assert api.names()[5:] == ["replace_nrt", "get_nrt", "replace_nrt"]
+    await p.clock.advance(1)  # the retry waits 1 s, and the window since the last write
+    assert len(api.calls) == 8
+    await p.clock.advance(9)  # it reads first (what it knew was stale), once
+    await settle(lambda: len(api.calls) == 10)
+    await asyncio.sleep(0.05)
+    assert api.names()[8:] == ["get_nrt", "replace_nrt"]
+    assert p.pub.writes == 2
+    await p.clock.advance(2)
+    await settle(lambda: p.pub.writes == 3)
+    assert api.names()[10:] == ["get_nrt", "replace_nrt"]
+
+
+async def test_nrt_restart_on_an_unchanged_object_writes_nothing(publisher: Publisher) -> None:
+    p, api = publisher, publisher.api
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    # a new process (nothing known) finds the object as it would write it
+    again = Publisher()
+    again.api.nrt = api.nrt
+    task = asyncio.create_task(again.pub.run())
     try:
-        pub.changed()  # disabled: nothing
-        await asyncio.sleep(0.05)
-        assert api.calls == []
-        api.gate.clear()  # the first write blocks in its GET
-        pub.set_enabled(True)
-        await settle(lambda: api.names() == [] and pub.writes == 0 and not pub._kick.is_set())
-        for i in range(2, 50):
-            state["n"] = i
-            pub.changed()
-        api.gate.set()
-        await settle(lambda: pub.writes == 2)
-        await asyncio.sleep(0.05)
-        assert pub.writes == 2  # 49 changes during one write: one more write
-        assert api.names() == ["get_nrt", "create_nrt", "get_nrt", "replace_nrt"]
-        replaced = api.calls[-1][1]
-        assert replaced["metadata"]["resourceVersion"] == "1"
-        assert len(replaced["zones"]) == 49
+        again.pub.set_enabled(True)
+        await settle(lambda: again.pub.writes == 1)
+        assert again.api.names() == ["get_nrt"]
+        again.state["n"] = 2  # a real change is written, on the version read
+        again.pub.set_enabled(True)
+        await settle(lambda: again.pub.writes == 2)
+        assert again.api.names() == ["get_nrt", "replace_nrt"]
+        assert again.api.calls[-1][1]["metadata"]["resourceVersion"] == "1"
     finally:
         task.cancel()
 
 
-async def test_nrt_retries_after_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("nri_framework.agent.nrt.RETRY_MIN", 0.01)
-    api = FakeApi()
-    api.fail["get_nrt"] = 2
-    pub = NrtPublisher(
-        node="n1",
-        policy="balloons",
-        client=api,  # type: ignore[arg-type]
-        io=io,
-        zones=lambda: zones(1),
-    )
-    task = asyncio.create_task(pub.run())
-    try:
-        pub.set_enabled(True)
-        await settle(lambda: pub.writes == 1)
-        assert api.names() == ["get_nrt", "get_nrt", "get_nrt", "create_nrt"]
-    finally:
-        task.cancel()
+async def test_nrt_deleted_object_is_created_again(publisher: Publisher) -> None:
+    p, api = publisher, publisher.api
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    api.fail["replace_nrt"], api.status["replace_nrt"] = 1, 404
+    p.state["n"] = 2
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 2)
+    assert api.names()[2:] == ["replace_nrt", "create_nrt"]
+
+
+async def test_nrt_backs_off_and_merges_while_the_server_is_down(publisher: Publisher) -> None:
+    p, api = publisher, publisher.api
+    p.pub.set_enabled(True)
+    await settle(lambda: p.pub.writes == 1)
+    api.fail["replace_nrt"] = 10**6  # down
+    for i in range(2, 2 + 600):  # ten minutes, a change every second
+        p.state["n"] = i
+        p.pub.changed()
+        await p.clock.advance(1, settle=0.002)
+    await asyncio.sleep(0.05)
+    down = api.names().count("replace_nrt")
+    # 1, 2, 4, 8, 16, then every 30 s: about 25 tries in 600 s, not 600
+    assert 5 <= down <= 30, down
+    api.fail["replace_nrt"] = 0  # back
+    await p.clock.advance(30)
+    await settle(lambda: p.pub.writes == 2)
+    await p.clock.advance(30)
+    assert api.names().count("replace_nrt") == down + 1  # one write on recovery
+    assert p.written_zones() == 601  # of the latest state
 
 
 # --- extended resources ----------------------------------------------------------------
@@ -342,6 +520,134 @@ async def test_extended_resources_loop() -> None:
         await settle(lambda: ext.rounds == 2)
         assert api.node["status"]["capacity"] == {"cpu": "8", "example.com/y": "2"}
         assert ext.published == set()
+    finally:
+        task.cancel()
+
+
+def node_obj(capacity: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "n1"}, "status": {"capacity": dict(capacity)}}
+
+
+def watched(api: FakeApi, want: dict[str, int | None], **kw: Any) -> ExtendedResources:
+    ext = ExtendedResources(
+        node="n1",
+        client=api,  # type: ignore[arg-type]
+        io=io,
+        desired=lambda: want,
+        **{"resync": 30.0, "retry": 0.05, **kw},
+    )
+    ext.on_node("SYNC", [api.node])  # what the agent's Node watch delivers
+    return ext
+
+
+async def test_extended_resources_nothing_to_publish_sends_nothing() -> None:
+    api = FakeApi()
+    api.node["status"]["capacity"]["example.com/y"] = "2"
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/*": None}
+    ext = watched(api, want)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        for _ in range(20):  # container changes
+            ext.changed()
+            await asyncio.sleep(0.005)
+        await settle(lambda: ext.rounds >= 1)
+        await asyncio.sleep(0.05)
+        assert api.calls == []  # no Node GET, no patch
+        # someone else adds a key in our domain: the watch shows it, one patch removes it
+        ext.on_node("MODIFIED", node_obj({"cpu": "8", "cpuclass.balloons.nri.io/z": "1"}))
+        await settle(lambda: api.names() == ["patch_node"])
+        assert api.calls[0][1] == {"status": {"capacity": {"cpuclass.balloons.nri.io/z": None}}}
+    finally:
+        task.cancel()
+
+
+async def test_extended_resources_publish_from_the_watched_capacity() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/hp": 4}
+    ext = watched(api, want)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        await settle(lambda: ext.rounds == 1)
+        for _ in range(5):
+            ext.changed()
+            await asyncio.sleep(0.01)
+        # our own patch comes back through the watch: no change, nothing more
+        ext.on_node("MODIFIED", api.node)
+        await asyncio.sleep(0.05)
+        assert api.names() == ["patch_node"]
+        want["cpuclass.balloons.nri.io/hp"] = 3
+        ext.changed()
+        await settle(lambda: api.names() == ["patch_node", "patch_node"])
+        assert api.node["status"]["capacity"]["cpuclass.balloons.nri.io/hp"] == "3"
+    finally:
+        task.cancel()
+
+
+async def test_extended_resources_watch_news_during_a_patch_are_kept() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {
+        "cpuclass.balloons.nri.io/*": None,
+        "cpuclass.balloons.nri.io/hp": 4,
+    }
+    ext = watched(api, want)
+    task = asyncio.create_task(ext.run())
+    try:
+        api.gate.clear()  # the patch hangs
+        ext.set_in_force(True)
+        await asyncio.sleep(0.05)
+        # meanwhile someone adds an orphan: the watch shows it (the patch reply will not)
+        orphan = node_obj({"cpu": "8", "cpuclass.balloons.nri.io/z": "1"})
+        api.node["status"]["capacity"]["cpuclass.balloons.nri.io/z"] = "1"
+        ext.on_node("MODIFIED", orphan)
+        reply = {"status": {"capacity": {"cpu": "8", "cpuclass.balloons.nri.io/hp": "4"}}}
+        api.node = reply  # what the hung patch will answer, older than the watch
+        api.gate.set()
+        await settle(lambda: api.names().count("patch_node") == 2)
+        assert api.calls[-1][1]["status"]["capacity"]["cpuclass.balloons.nri.io/z"] is None
+    finally:
+        task.cancel()
+
+
+async def test_extended_resources_resync_reads_only_when_publishing() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/*": None}
+    ext = watched(api, want, resync=0.02)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        await settle(lambda: ext.rounds >= 5)
+        assert api.calls == []  # nothing published: resyncs need no read
+        want["cpuclass.balloons.nri.io/hp"] = 1
+        await settle(lambda: api.names().count("get_node") >= 2)
+        assert "patch_node" in api.names()
+    finally:
+        task.cancel()
+
+
+def test_extended_resources_resync_is_jittered_per_node() -> None:
+    def periods(node: str) -> list[float]:
+        ext = ExtendedResources(node=node, client=None, io=None, desired=dict, resync=300)  # type: ignore[arg-type]
+        return [ext.next_resync() for _ in range(20)]
+
+    a, b = periods("node-a"), periods("node-b")
+    assert a != b and len(set(a)) == 20
+    assert all(225 <= x <= 375 for x in a + b)
+
+
+async def test_extended_resources_retry_delay_grows() -> None:
+    api = FakeApi()
+    want: dict[str, int | None] = {"cpuclass.balloons.nri.io/hp": 4}
+    api.fail["patch_node"] = 10**6
+    ext = watched(api, want, retry=0.01)
+    task = asyncio.create_task(ext.run())
+    try:
+        ext.set_in_force(True)
+        await asyncio.sleep(0.6)
+        # 0.01, 0.02, 0.04 ... 0.32: about 6 tries in 0.6 s, not 60
+        assert 3 <= api.names().count("patch_node") <= 8, api.names()
+        assert "get_node" not in api.names()  # the watched capacity still holds
     finally:
         task.cancel()
 
