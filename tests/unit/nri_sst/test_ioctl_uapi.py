@@ -57,10 +57,12 @@ from _debian import (  # noqa: E402
     dpkg_extract,
     run,
 )
+from _progress import Progress  # noqa: E402
 
 _CACHE = Path.home() / ".cache" / "nri-resource-policy"
 UAPI_CACHE = Path(os.environ.get("NRI_UAPI_CACHE") or _CACHE / "uapi")
 GCC_CACHE = Path(os.environ.get("NRI_UAPI_GCC_CACHE") or _CACHE / "uapi-gcc")
+PROGRESS = Progress("[uapi]")
 PACKAGE = "linux-libc-dev"
 HEADER = Path("usr/include/linux/isst_if.h")
 #: the compiler's packages (apt adds the closure), from this suite
@@ -87,21 +89,25 @@ def fetch_uapi_header(cache: Path = UAPI_CACHE) -> tuple[Path, str]:
     include = cache / "include"
     stamp = cache / "version"
     if (include / "linux" / "isst_if.h").is_file() and stamp.is_file():
+        PROGRESS.cached(f"{PACKAGE} header {include / 'linux' / 'isst_if.h'}")
         return include, stamp.read_text().strip()
     _need_apt()
     # private lists/cache/sources (sid, not trixie: 6.12 lacks ioctl 17)
     env = apt_env(apt_config(cache / "apt", debian_source("sid")))
-    if not any((cache / "apt" / "lists").glob("*Packages*")):
-        run(["apt-get", "update", "-q"], env=env)
+    lists = cache / "apt" / "lists"
+    if not any(lists.glob("*Packages*")):
+        with PROGRESS.step("apt-get update (private sid sources)", watch=lists) as st:
+            run(["apt-get", "update", "-q"], env=env, progress=st)
     debdir = cache / "debs"
     debdir.mkdir(parents=True, exist_ok=True)
     for old in debdir.glob(f"{PACKAGE}_*.deb"):
         old.unlink()
-    try:
-        run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
-    except CommandError:
-        run(["apt-get", "update", "-q"], env=env)
-        run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env)
+    with PROGRESS.step(f"apt-get download {PACKAGE}/sid", watch=debdir) as st:
+        try:
+            run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env, progress=st)
+        except CommandError:
+            run(["apt-get", "update", "-q"], env=env, progress=st)
+            run(["apt-get", "download", "-q", f"{PACKAGE}/sid"], cwd=debdir, env=env, progress=st)
     debs = sorted(debdir.glob(f"{PACKAGE}_*.deb"))
     if not debs:
         raise CommandError(f"apt-get download {PACKAGE} produced no .deb")
@@ -134,7 +140,9 @@ def fetch_gcc(cache: Path = GCC_CACHE) -> Compiler:
     cache = cache.expanduser().resolve()
     root = cache / "root"
     stamp = cache / "packages"
-    if not (stamp.is_file() and (root / "usr" / "bin" / "gcc").exists()):
+    if stamp.is_file() and (root / "usr" / "bin" / "gcc").exists():
+        PROGRESS.cached(f"Debian {GCC_SUITE} gcc under {root}")
+    else:
         _need_apt()
         # an empty dpkg status of its own: the whole closure, whatever this machine has
         env = apt_env(apt_config(cache / "apt", debian_source(GCC_SUITE), own_status=True))
@@ -144,19 +152,23 @@ def fetch_gcc(cache: Path = GCC_CACHE) -> Compiler:
             "apt-get", "install", "--download-only", "-y", "-q", "--no-install-recommends",
             "-o", f"Dir::Cache::archives={debdir}", *GCC_PACKAGES,
         ]  # fmt: skip
-        if not any((cache / "apt" / "lists").glob("*Packages*")):
-            run(["apt-get", "update", "-q"], env=env)
-        try:
-            run(download, env=env)
-        except CommandError:  # stale lists: the archive moved on
-            run(["apt-get", "update", "-q"], env=env)
-            run(download, env=env)
+        lists = cache / "apt" / "lists"
+        if not any(lists.glob("*Packages*")):
+            with PROGRESS.step(f"apt-get update (private {GCC_SUITE} sources)", watch=lists) as st:
+                run(["apt-get", "update", "-q"], env=env, progress=st)
+        with PROGRESS.step(f"apt-get download {' '.join(GCC_PACKAGES)}", watch=debdir) as st:
+            try:
+                run(download, env=env, progress=st)
+            except CommandError:  # stale lists: the archive moved on
+                run(["apt-get", "update", "-q"], env=env, progress=st)
+                run(download, env=env, progress=st)
         debs = sorted(debdir.glob("*.deb"))
         if not debs:
             raise CommandError(f"apt-get install --download-only {GCC_PACKAGES} got no .deb")
         tmp = cache / "root.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        dpkg_extract(debs, tmp)
+        with PROGRESS.step(f"dpkg -x {len(debs)} packages", watch=tmp) as st:
+            dpkg_extract(debs, tmp, progress=st)
         shutil.rmtree(tmp / "usr" / "share", ignore_errors=True)  # docs, man pages, locales
         for pattern in GCC_UNUSED:
             for path in tmp.glob(pattern):
