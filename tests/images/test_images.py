@@ -287,7 +287,10 @@ def test_warm_build_builds_nothing(images: dict[str, Path], images_cache: Path) 
     again = build_images(images_cache, say=said.append)
     assert again == images
     assert {name: p.stat().st_mtime_ns for name, p in again.items()} == before
-    assert said == []
+    # one line, and it says the cache made the build instant (issue #15: no silent step)
+    assert said == [
+        f"cached: {', '.join(str(p) for p in images.values())} (nothing to fetch or build)"
+    ], said
 
 
 def _context(tmp: Path) -> Path:
