@@ -71,6 +71,13 @@ class NodeDirs:
         self.host = prepare_host_root(topology, root)
         (self.host / "proc").mkdir(exist_ok=True)
         (self.host / "proc" / "meminfo").write_text("MemTotal:       1056964608 kB\n")
+        # the helper's IRQ mounts (allowPCT): a /proc/interrupts-shaped file and an
+        # empty /proc/irq; the sim backend models the IRQs themselves
+        (self.host / "proc" / "interrupts").write_text(
+            "           CPU0       CPU1\n"
+            "   4:         10          0   IO-APIC    4-edge      ttyS0\n"
+        )
+        (self.host / "proc" / "irq").mkdir(exist_ok=True)
         self.dev = root / "dev"
         self.dev.mkdir()
         self.state = root / "var-lib-nri-resource-policy"
@@ -78,6 +85,8 @@ class NodeDirs:
         self.paths = {
             "/sys": self.host / "sys",
             "/proc": self.host / "proc",
+            "/proc/interrupts": self.host / "proc" / "interrupts",
+            "/proc/irq": self.host / "proc" / "irq",
             "/dev": self.dev,
             "/var/run/nri": nri_dir,
             "/var/lib/nri-resource-policy": self.state,

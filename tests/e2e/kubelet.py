@@ -372,6 +372,9 @@ class Kubelet:
                 raise FileNotFoundError(
                     f"volume {name}: hostPath {path} ({target}) is no directory"
                 )
+        elif kind == "File":
+            if not target.is_file():
+                raise FileNotFoundError(f"volume {name}: hostPath {path} ({target}) is no file")
         elif kind:
             raise Unsupported(f"volume {name}: hostPath type {kind!r}")
         return target
