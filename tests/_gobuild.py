@@ -170,7 +170,7 @@ def go_build(
     package's directory) in GOPATH mode; the log lands in ``work/go-build.log``."""
     go = go_bin(root, error)
     cmd = [str(go), "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), target]
-    with Progress("", write=say).step(f"go build {target}", watch=work / "gocache") as step:
+    with Progress("", write=say).step(f"go build {out.name}", watch=work / "gocache") as step:
         proc = run(
             cmd,
             env=go_env(root, work, error),

@@ -6,8 +6,8 @@
 // command given after "--" (the plugin connects as an external plugin), waits
 // until the plugin is registered and Synchronize'd with N running burstable
 // containers (200m, no balloon annotation: the default balloon), then drives
-// -cycles HP pods (2 CPUs, balloon hp-bln) and as many LP pods (4 CPUs, lp-bln)
-// through RunPodSandbox, CreateContainer, StartContainer, UpdateContainer,
+// -warmup untimed and -cycles timed HP pods (2 CPUs, balloon hp-bln) and as
+// many LP pods (4 CPUs, lp-bln) through RunPodSandbox, CreateContainer, StartContainer, UpdateContainer,
 // StopContainer, RemoveContainer and the pod's stop and removal. It times every
 // request round trip and, at the largest N, a restart of the plugin process (to
 // registered and synchronized again). It prints one JSON document on stdout:
@@ -264,7 +264,7 @@ func (r *runtime) cycle(ctx context.Context, pod *nri.PodSandbox, res *nri.Linux
 }
 
 // round measures one count of running containers; restart: also a plugin restart.
-func round(socket string, running, cycles int, restart bool, args []string, logFile *os.File, timeout time.Duration) (*Round, error) {
+func round(socket string, running, cycles, warmup int, restart bool, args []string, logFile *os.File, timeout time.Duration) (*Round, error) {
 	r := &runtime{synced: make(chan float64, 4), syncErrs: make(chan error, 4)}
 	for i := 0; i < running; i++ {
 		p := newPod(fmt.Sprintf("b%d", i), "burstable/", nil)
@@ -298,7 +298,10 @@ func round(socket string, running, cycles int, restart bool, args []string, logF
 	times := map[string][]float64{}
 	hp := map[string]string{balloonKey: "hp-bln"}
 	lp := map[string]string{balloonKey: "lp-bln"}
-	for i := 0; i < cycles; i++ {
+	for i := -warmup; i < cycles; i++ {
+		if i == 0 {
+			times = map[string][]float64{} // the warm-up cycles are not counted
+		}
 		if err := r.cycle(ctx, newPod(fmt.Sprintf("h%d", i), "", hp), cpuResources(2048, 200000), times, "hp"); err != nil {
 			return nil, err
 		}
@@ -331,6 +334,7 @@ func main() {
 	socket := flag.String("socket", "", "the NRI socket to listen on")
 	counts := flag.String("running", "0,100,500,1000", "counts of running containers, one round each")
 	cycles := flag.Int("cycles", 100, "HP and LP pods created and removed per round (each)")
+	warmup := flag.Int("warmup", 5, "cycles before the timed ones in each round (not counted)")
 	restart := flag.Bool("restart", true, "at the largest count, also time a plugin restart")
 	logPath := flag.String("plugin-log", os.DevNull, "where the plugin's output goes")
 	timeout := flag.Duration("timeout", 60*time.Second, "registration and request timeout")
@@ -365,7 +369,7 @@ func main() {
 	}
 	res := Result{Peer: "containerd/nri adaptation", Cycles: *cycles}
 	for _, n := range ns {
-		rd, err := round(*socket, n, *cycles, *restart && n == largest, args, logFile, *timeout)
+		rd, err := round(*socket, n, *cycles, *warmup, *restart && n == largest, args, logFile, *timeout)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "peer: %d running containers: %v\n", n, err)
 			os.Exit(1)
