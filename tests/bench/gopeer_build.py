@@ -146,6 +146,9 @@ def build(
             (out / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
             shutil.rmtree(bindir, ignore_errors=True)
             os.replace(out, bindir)
+            for old in cache.glob("bin-*"):  # builds of other sources or packages
+                if old != bindir:
+                    shutil.rmtree(old, ignore_errors=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     say(f"built in {time.monotonic() - t0:.0f}s: {bindir}")
