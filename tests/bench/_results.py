@@ -6,7 +6,9 @@ directory (``tox -e bench`` sets it), also writes them there as
 the one table of targets. A figure with a ``target`` is a performance target
 (met when ``value <= target``, both in ``unit``); the others are context.
 Rows are data: a new measurement (a PCT path, say) is one more
-:class:`Figure` and appears in the report without touching it.
+:class:`Figure` and appears in the report without touching it. A figure may
+name a ``base`` (the floor's value, say): it is shown as a ratio to it, and
+:meth:`Figure.relative` makes a target that is a multiple of it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,45 @@ class Figure:
     target: float | None = None
     """Upper bound in ``unit``; ``None``: context only."""
     note: str = ""
+    base: float | None = None
+    """What the value is compared with (the floor's), in ``unit``; shown as a ratio."""
+    base_name: str = ""
+    """What ``base`` is (``floor``, ``p50 at 0 containers``)."""
+    multiple: float | None = None
+    """The target as a multiple of ``base`` (then ``target == multiple * base``)."""
+
+    @classmethod
+    def relative(
+        cls,
+        key: str,
+        name: str,
+        value: float,
+        unit: str,
+        base: float,
+        multiple: float,
+        base_name: str = "floor",
+        note: str = "",
+    ) -> Figure:
+        """A figure whose target is ``multiple`` times ``base``."""
+        return cls(key, name, value, unit, multiple * base, note, base, base_name, multiple)
+
+    @property
+    def ratio(self) -> float | None:
+        """``value / base``; ``None`` without a (non-zero) base."""
+        return self.value / self.base if self.base else None
+
+    def limit_text(self) -> str:
+        """The target for people: ``<= 3x floor (0.48 ms)`` or ``<= 60 ms``."""
+        if self.target is None:
+            return ""
+        if self.multiple is not None:
+            return f"<= {self.multiple:g}x {self.base_name} ({self.target:.3g} {self.unit})"
+        return f"<= {self.target:g} {self.unit}"
+
+    def ratio_text(self) -> str:
+        """``(3.05x floor)``; empty without a base."""
+        ratio = self.ratio
+        return f"({ratio:.2f}x {self.base_name})" if ratio is not None else ""
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -41,8 +82,13 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def write(bench: str, figures: list[Figure], context: str = "") -> Path | None:
-    """``$NRI_BENCH_OUT/<bench>.json``; nothing when the variable is unset."""
+def write(
+    bench: str, figures: list[Figure], context: str = "", *, skipped: str = ""
+) -> Path | None:
+    """``$NRI_BENCH_OUT/<bench>.json``; nothing when the variable is unset.
+
+    ``skipped``: why the bench could not run (outside CI, see ``_tier``):
+    ``report.py`` shows its figures as skipped, not missing."""
     out = os.environ.get(ENV)
     if not out:
         return None
@@ -57,6 +103,8 @@ def write(bench: str, figures: list[Figure], context: str = "") -> Path | None:
         ),
         "figures": [asdict(f) for f in figures],
     }
+    if skipped:
+        doc["skipped"] = skipped
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
 
@@ -71,5 +119,6 @@ def show(title: str, figures: list[Figure]) -> None:
     print(f"\n{title}")
     width = max(len(f.name) for f in figures)
     for f in figures:
-        target = f"<= {f.target:g} {f.unit}" if f.target is not None else f.note
-        print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}  {target}")
+        target = f.limit_text() or f.note
+        ratio = f" {f.ratio_text()}" if f.base else ""
+        print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}{ratio}  {target}")

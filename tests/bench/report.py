@@ -6,7 +6,10 @@ Reads the figures the bench scripts wrote to ``$NRI_BENCH_OUT`` (see
 measured value is within it, ``over`` when not. Being over a target is
 reported, not failed: the exit code is 0 then. It is 1 only when a figure the
 project has a target for is missing (its bench crashed or was not run), so a
-broken benchmark does not go unnoticed.
+broken benchmark does not go unnoticed. A figure with a base (the Go floor's
+value, ``bench_floor.py``) shows its ratio to it beside the value; a bench that
+could not set itself up outside CI (``_tier.unavailable``) writes a document
+with ``skipped``: its figures show as ``skipped``, not missing.
 
     python tests/bench/report.py [DIR]
 """
@@ -19,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _results import ENV, read
+from _results import ENV, Figure, read
 
 #: The targets of the project (key -> where it is measured); every one must
 #: have a figure. A bench may report more targets than these (a new PCT
@@ -39,6 +42,19 @@ EXPECTED = {
     "sst.associate_256_p50": ("bench_sst.py", "AssociateCpus of 256 CPUs"),
     "sst.helper_rss": ("bench_sst.py", "helper RSS"),
     "sst.flood_rt_p99": ("bench_sst.py", "helper round trip p99 during a flood"),
+    **{
+        f"floor.create_{q}_{n}": ("bench_floor.py", f"Go peer: create {q} at {n}, x floor")
+        for n in (0, 500, 1000)
+        for q in ("p50", "p99")
+    },
+    "floor.create_p50_growth": ("bench_floor.py", "Go peer: create p50 at 1000 vs at 0"),
+    "floor.pct_hp_create_p99_500": ("bench_floor.py", "Go peer: HP create p99, PCT vs not"),
+    "floor.remove_p99_1000": ("bench_floor.py", "Go peer: remove p99 at 1000, x floor"),
+    "floor.update_p99_1000": ("bench_floor.py", "Go peer: update p99 at 1000, x floor"),
+    "floor.sync_1000": ("bench_floor.py", "Go peer: Synchronize of 1000 containers"),
+    "floor.restart_1000": ("bench_floor.py", "Go peer: restart with 1000 to synchronized"),
+    "floor.plugin_rss_1000": ("bench_floor.py", "Go peer: plugin RSS at 1000 containers"),
+    "floor.helper_rss": ("bench_floor.py", "Go peer: SST helper RSS"),
 }
 
 
@@ -49,22 +65,29 @@ def fmt(value: float, unit: str) -> str:
 
 def rows(docs: list[dict[str, Any]]) -> tuple[list[list[str]], list[str]]:
     """Table rows (bench, target, limit, measured, status) and the missing keys."""
-    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    found: dict[str, tuple[str, Figure]] = {}
+    skipped = {str(d.get("bench", "")): str(d["skipped"]) for d in docs if d.get("skipped")}
     for doc in docs:
         for fig in doc.get("figures", []):
             if fig.get("target") is not None:
-                found[fig["key"]] = (str(doc.get("bench", "")), fig)
+                found[fig["key"]] = (str(doc.get("bench", "")), Figure(**fig))
     out = []
     for key in [*EXPECTED, *(k for k in found if k not in EXPECTED)]:
+        bench = key.split(".")[0]
         if key not in found:
             script, label = EXPECTED[key]
-            out.append([key.split(".")[0], label, "", "missing", f"no figure from {script}"])
+            if bench in skipped:
+                out.append([bench, label, "", "skipped", skipped[bench].splitlines()[0][:60]])
+            else:
+                out.append([bench, label, "", "missing", f"no figure from {script}"])
             continue
-        bench, fig = found[key]
-        value, target, unit = float(fig["value"]), float(fig["target"]), str(fig["unit"])
-        status = "ok" if value <= target else "OVER"
-        out.append([bench, fig["name"], f"<= {fmt(target, unit)}", fmt(value, unit), status])
-    missing = [k for k in EXPECTED if k not in found]
+        bench, f = found[key]
+        target = float(f.target or 0)
+        limit = f.limit_text() if f.multiple is not None else f"<= {fmt(target, f.unit)}"
+        measured = " ".join(filter(None, [fmt(f.value, f.unit), f.ratio_text()]))
+        status = "ok" if f.value <= target else "OVER"
+        out.append([bench, f.name, limit, measured, status])
+    missing = [k for k in EXPECTED if k not in found and k.split(".")[0] not in skipped]
     return out, missing
 
 
@@ -93,11 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     docs = read(directory) if directory.is_dir() else []
     table, missing = rows(docs)
     over = sum(r[4] == "OVER" for r in table)
+    skips = sum(r[3] == "skipped" for r in table)
     machines = sorted({str(d.get("machine", "")) for d in docs if d.get("machine")})
     print(f"\nperformance targets ({', '.join(machines) or 'no figures'})")
     print(render(table))
-    met = len(table) - over - len(missing)
-    print(f"{met} within target, {over} over target, {len(missing)} missing")
+    met = len(table) - over - len(missing) - skips
+    print(f"{met} within target, {over} over target, {len(missing)} missing, {skips} skipped")
     return 1 if missing else 0
 
 

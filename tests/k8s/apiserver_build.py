@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 # tests/ is on sys.path: stack.py and the conftest.py files put it there
-from _debian import CommandError, apt_config, apt_env, cache_lock, debian_source, dpkg_extract, run
+from _debian import cache_lock, run
+from _gobuild import deb_versions, fetch, go_build, go_version, unpack
 from _progress import Progress, write_line
 
 #: bump when the build recipe changes: a cached build of another recipe is redone
@@ -74,72 +73,16 @@ def cached_build(cache: Path | None = None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- build
 
 
-def _closure(env: dict[str, str]) -> list[str]:
-    """``golang-*`` and ``etcd-server`` in the dependency closure of ROOT_PACKAGES."""
-    out = run(
-        [
-            "apt-cache",
-            "depends",
-            "--recurse",
-            "--no-recommends",
-            "--no-suggests",
-            "--no-conflicts",
-            "--no-breaks",
-            "--no-replaces",
-            "--no-enhances",
-            "--no-pre-depends",
-            *ROOT_PACKAGES,
-        ],
-        env=env,
-        error=StackError,
-    ).stdout
-    names = {ln.strip() for ln in out.splitlines() if ln and not ln[0].isspace()}
-    return sorted(n for n in names if n.startswith("golang-") or n == "etcd-server")
-
-
-def _deb_versions(debs: list[Path]) -> dict[str, str]:
-    """``{package: version}`` from ``name_version_arch.deb`` file names."""
-    out = {}
-    for deb in debs:
-        name, version, _arch = deb.stem.split("_")
-        out[name] = urllib.parse.unquote(version)
-    return out
-
-
-def _go_bin(root: Path) -> Path:
-    def key(p: Path) -> tuple[int, ...]:
-        return tuple(int(x) for x in re.findall(r"\d+", p.parent.parent.name))
-
-    gos = sorted(root.glob("usr/lib/go-*/bin/go"), key=key)
-    if not gos:
-        raise StackError(f"no Go toolchain (usr/lib/go-*/bin/go) unpacked under {root}")
-    return gos[-1]
+def _keep(name: str) -> bool:
+    """``golang-*`` and ``etcd-server`` of the closure of ROOT_PACKAGES."""
+    return name.startswith("golang-") or name == "etcd-server"
 
 
 def _go_build(root: Path, work: Path, out: Path, say: Callable[[str], None]) -> str:
     """Build GO_PACKAGE in GOPATH mode with the unpacked toolchain; returns ``go version``."""
-    go = _go_bin(root)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GO")}
-    env.update(
-        PATH=f"{go.parent}:{env.get('PATH', '/usr/bin:/bin')}",
-        GO111MODULE="off",
-        GOPATH=str(root / "usr" / "share" / "gocode"),
-        GOCACHE=str(work / "gocache"),
-        GOENV="off",
-        GOPROXY="off",
-        GOTOOLCHAIN="local",
-        GOFLAGS="",
-        CGO_ENABLED="0",
-    )
-    version = run([str(go), "version"], env=env, error=StackError).stdout.strip()
+    version = go_version(root, work, StackError)
     say(f"go build {GO_PACKAGE} ({version}, GOPATH mode): a few minutes on 2 cores")
-    cmd = [str(go), "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), GO_PACKAGE]
-    with Progress("", write=say).step("go build", watch=work / "gocache") as step:
-        proc = run(cmd, env=env, cwd=work, timeout=3600, check=False, progress=step)
-        (work / "go-build.log").write_text(proc.stdout + proc.stderr)
-        if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr)[-4000:]
-            raise StackError(f"go build {GO_PACKAGE} failed ({proc.returncode}):\n{tail}")
+    go_build(root, work, GO_PACKAGE, out, cwd=work, say=say, error=StackError)
     return version
 
 
@@ -177,37 +120,18 @@ def build(
         shutil.rmtree(work, ignore_errors=True)
         t0 = time.monotonic()
         try:
-            env = apt_env(apt_config(work / "apt", debian_source("sid"), own_status=True))
-            progress = Progress("", write=say)
-            what = "apt-get update (private sid sources)"
-            with progress.step(what, watch=work / "apt") as st:
-                run(["apt-get", "update", "-q"], env=env, timeout=900, error=StackError,
-                    progress=st)  # fmt: skip
-            names = _closure(env)
-            missing = sorted(set(ROOT_PACKAGES) - set(names))
-            if missing:
-                raise StackError(f"sid has no {missing}")
-            debdir = work / "debs"
-            debdir.mkdir()
-            what = f"apt-get download: {len(names)} packages (~310 MB)"
-            with progress.step(what, watch=debdir) as st:
-                run(
-                    ["apt-get", "download", "-q", *names],
-                    cwd=debdir,
-                    env=env,
-                    timeout=1800,
-                    error=StackError,
-                    progress=st,
-                )
-            debs = sorted(debdir.glob("*.deb"))
-            size = sum(d.stat().st_size for d in debs) / 1e6
+            debs = fetch(
+                work,
+                "sid",
+                ROOT_PACKAGES,
+                keep=_keep,
+                debdir=work / "debs",
+                size_hint="~310 MB",
+                say=say,
+                error=StackError,
+            )
             root = work / "root"
-            try:
-                what = f"dpkg -x {len(debs)} packages ({size:.0f} MB)"
-                with progress.step(what, watch=root) as st:
-                    dpkg_extract(debs, root, progress=st)
-            except CommandError as e:
-                raise StackError(str(e)) from None
+            unpack(debs, root, say=say, error=StackError)
             bindir = bins[APISERVER].parent
             bindir.mkdir(parents=True, exist_ok=True)
             (bindir / STAMP).unlink(missing_ok=True)
@@ -222,7 +146,7 @@ def build(
             run([str(tmp_api), "--help"], error=StackError)
             os.replace(tmp_api, bins[APISERVER])
             os.replace(tmp_etcd, bins[ETCD])
-            versions = _deb_versions(debs)
+            versions = deb_versions(debs)
             stamp = {
                 "recipe": RECIPE,
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,0 +1,289 @@
+"""Benchmark: our balloons plugin beside the Go floor, through an independent Go NRI runtime peer.
+
+The peer (``tests/bench/go/peer``, on containerd/nri 0.6.1's ``pkg/adaptation``,
+the runtime side containerd uses) and the floor (``tests/bench/go/floor``, a
+trivial plugin on NRI's stub that pins every container to fixed CPUs) are
+built offline from Debian trixie's packages (``gopeer_build.py``; cached).
+In one run the peer drives, one after the other, the same scenario against:
+
+* the floor;
+* ``nri-resource-policy run --policy balloons`` with the spec's BalloonsPolicy
+  (``examples/pct-managed``, without its debug logging) on a 6776P sysfs tree
+  (``write_topology``), without an SST helper (PCT fields ignored);
+* the same with the sim SST helper (``nri-sst-helper serve --backend sim``):
+  PCT on the HP pods' reply path.
+
+Scenario (per count N of running burstable containers in the default balloon,
+N = 0, 100, 500, 1000, Synchronize'd at registration): HP pods (2 CPUs,
+hp-bln) and LP pods (4 CPUs, lp-bln) created, started, updated, stopped and
+removed ``--cycles`` times each; at N = 1000 the plugin is restarted (to
+registered and synchronized again, its state directory kept).
+
+Figures are ratios to the floor per issue #14 (``Figure.relative``); printed,
+written for ``report.py`` with ``NRI_BENCH_OUT``; nothing is asserted on time.
+When the Go programs cannot be fetched or built: ``_tier.unavailable``
+(a loud skip; a failure under ``CI=true`` or ``NRI_BENCH_REQUIRED=1``).
+
+    python tests/bench/bench_floor.py [--cycles N] [--running 0,100,500,1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+_TESTS = Path(__file__).resolve().parents[1]
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+
+from _results import Figure, show, write  # noqa: E402
+from _tier import required, unavailable  # noqa: E402
+from bench_pct import memory_dir, start_helper  # noqa: E402
+from gopeer_build import GoBuildError, build, stamp  # noqa: E402
+from nri_balloons_demo.data import pods_dir  # noqa: E402
+from nri_framework.simulate.scenario import ScenarioPaths, plugin_command, plugin_env  # noqa: E402
+from nri_framework.simulate.sysfs import write_topology  # noqa: E402
+from nri_framework.simulate.topologies import XEON_6776P  # noqa: E402
+
+BENCH = "floor"
+RUNNING = (0, 100, 500, 1000)
+#: counts with a create/remove/update target (the issue's)
+TARGETED = (0, 500, 1000)
+#: HP and LP pods per round, each; fewer under CI (CI time <= 4 minutes)
+CYCLES, CI_CYCLES = 100, 50
+
+
+class Stats(msgspec.Struct, frozen=True):
+    count: int
+    p50_ms: float
+    p99_ms: float
+
+
+class Round(msgspec.Struct, frozen=True):
+    """What the peer measured at one count of running containers."""
+
+    running: int
+    registered_ms: float
+    synchronize_ms: float
+    requests: dict[str, Stats]
+    plugin_rss_mb: float
+    restart_ms: float | None = None
+    restart_synchronize_ms: float | None = None
+
+
+class PeerResult(msgspec.Struct, frozen=True):
+    """The peer's stdout document."""
+
+    peer: str
+    cycles: int
+    rounds: list[Round]
+
+    def at(self, running: int) -> Round:
+        for r in self.rounds:
+            if r.running == running:
+                return r
+        raise KeyError(f"the peer measured no round with {running} running containers")
+
+
+def parse(stdout: bytes) -> PeerResult:
+    """The peer's document; ``msgspec.ValidationError`` (or DecodeError) when malformed."""
+    return msgspec.json.decode(stdout, type=PeerResult)
+
+
+def _ratio(
+    targeted: bool, key: str, name: str, value: float, base: float, multiple: float,
+    base_name: str = "floor",
+) -> Figure:  # fmt: skip
+    """A figure in ms beside ``base``: its target ``multiple`` times it when ``targeted``."""
+    if targeted:
+        return Figure.relative(key, name, value, "ms", base, multiple, base_name)
+    return Figure(key, name, value, "ms", base=base, base_name=base_name)
+
+
+def figures(
+    floor: PeerResult, ours: PeerResult, pct: PeerResult, helper_rss: float
+) -> list[Figure]:
+    """Issue #14's targets, each as a ratio to the floor (or to its own base);
+    the counts outside :data:`TARGETED` are context (a ratio, no target)."""
+    rows: list[Figure] = []
+    counts = [r.running for r in ours.rounds]
+    for n in counts:
+        f, o = floor.at(n), ours.at(n)
+        ratio = functools.partial(_ratio, n in TARGETED)
+        create, fcreate = o.requests["create"], f.requests["create"]
+        name = f"balloons CreateContainer {{}}, {n} running"
+        rows.append(ratio(f"floor.create_p50_{n}", name.format("p50"), create.p50_ms,
+                          fcreate.p50_ms, 3))  # fmt: skip
+        rows.append(ratio(f"floor.create_p99_{n}", name.format("p99"), create.p99_ms,
+                          fcreate.p99_ms, 3))  # fmt: skip
+        for kind in ("remove", "update"):
+            value, base = o.requests[kind].p99_ms, f.requests[kind].p99_ms
+            name = f"balloons {kind.capitalize()}Container p99, {n} running"
+            rows.append(ratio(f"floor.{kind}_p99_{n}", name, value, base, 2))
+        rows.append(
+            Figure(
+                f"floor.sync_{n}",
+                f"balloons Synchronize of {n} containers",
+                o.synchronize_ms,
+                "ms",
+                60 if n == 1000 else None,
+                base=f.synchronize_ms,
+                base_name="floor",
+            )
+        )
+        hp_pct, hp = pct.at(n).requests["create_hp"], o.requests["create_hp"]
+        rows.append(
+            ratio(
+                f"floor.pct_hp_create_p99_{n}",
+                f"HP CreateContainer p99 with PCT (sim helper), {n} running",
+                hp_pct.p99_ms,
+                hp.p99_ms,
+                1.5,
+                "no PCT",
+            )
+        )
+        rows.append(
+            Figure(
+                f"floor.pct_lp_create_p50_{n}",
+                f"LP CreateContainer p50 with PCT, {n} running",
+                pct.at(n).requests["create_lp"].p50_ms,
+                "ms",
+                base=o.requests["create_lp"].p50_ms,
+                base_name="no PCT",
+            )
+        )
+    lo, hi = ours.at(min(counts)), ours.at(max(counts))
+    rows.append(
+        Figure.relative(
+            "floor.create_p50_growth",
+            f"balloons CreateContainer p50 at {hi.running} running vs at {lo.running}",
+            hi.requests["create"].p50_ms,
+            "ms",
+            lo.requests["create"].p50_ms,
+            1.25,
+            f"p50 at {lo.running}",
+        )
+    )
+    fhi = floor.at(hi.running)
+    if hi.restart_ms is not None:
+        rows.append(
+            Figure(
+                f"floor.restart_{hi.running}",
+                f"balloons restart with {hi.running} containers to registered + synchronized",
+                hi.restart_ms,
+                "ms",
+                150,
+                note="process start, state load, registration, Synchronize",
+                base=fhi.restart_ms,
+                base_name="floor",
+            )
+        )
+    rows.append(
+        Figure(
+            f"floor.plugin_rss_{hi.running}",
+            f"balloons plugin RSS at {hi.running} containers",
+            hi.plugin_rss_mb,
+            "MB",
+            60,
+            base=fhi.plugin_rss_mb,
+            base_name="floor",
+        )
+    )
+    rows.append(Figure("floor.helper_rss", "SST helper (sim) RSS after the PCT run",
+                       helper_rss, "MB", 30))  # fmt: skip
+    return rows
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def spec_config(path: Path) -> Path:
+    """The spec's BalloonsPolicy without its debug logging (the bench times replies)."""
+    doc = yaml.safe_load((pods_dir() / "balloons-pct-managed.yaml").read_text())
+    doc["spec"].pop("log", None)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def drive(peer: Path, work: Path, plugin: list[str], running: str, cycles: int) -> PeerResult:
+    """One peer run against ``plugin`` (its command; ``{running}`` per round)."""
+    cmd = [str(peer), "-socket", str(work / "nri.sock"), "-running", running,
+           "-cycles", str(cycles), "-plugin-log", str(work / "plugin.log"),
+           "--", *plugin]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, env=plugin_env(), timeout=600, check=False)
+    if proc.returncode != 0:
+        log = (work / "plugin.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(
+            f"the peer failed ({proc.returncode}): {proc.stderr.decode(errors='replace')[-2000:]}"
+            f"\nplugin log tail:\n{log}"
+        )
+    return parse(proc.stdout)
+
+
+def run(bins: dict[str, Path], running: str, cycles: int) -> list[Figure]:
+    with tempfile.TemporaryDirectory(prefix="nri-bench-floor-", dir=memory_dir()) as tmp:
+        work = Path(tmp)
+        host = write_topology(work / "host", XEON_6776P)
+        config = spec_config(work / "config.yaml")
+        results = {}
+        t0 = time.monotonic()
+        floor_dir = work / "floor"
+        floor_dir.mkdir()
+        floor = [str(bins["floor"]), "-nri-socket", str(floor_dir / "nri.sock")]
+        results["floor"] = drive(bins["peer"], floor_dir, floor, running, cycles)
+        endpoint, helper = start_helper(work, host)
+        try:
+            for name, extra in (("ours", []), ("pct", ["--sst-helper", endpoint])):
+                d = work / name
+                d.mkdir()
+                paths = ScenarioPaths(d, d / "nri.sock", host, d / "state-{running}")
+                cmd = plugin_command("balloons", paths, ["--config-file", str(config), *extra])
+                results[name] = drive(bins["peer"], d, cmd, running, cycles)
+            helper_rss = rss_mb(helper.pid)
+        finally:
+            helper.terminate()
+            helper.wait(10)
+        print(f"peer runs: {time.monotonic() - t0:.0f} s")
+    return figures(results["floor"], results["ours"], results["pct"], helper_rss)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ci = required()
+    parser.add_argument("--cycles", type=int, default=CI_CYCLES if ci else CYCLES)
+    parser.add_argument("--running", default=",".join(map(str, RUNNING)))
+    args = parser.parse_args()
+    try:
+        bins = build()
+    except GoBuildError as e:
+        try:
+            unavailable("bench-floor", f"the Go peer and floor: {e}", "NRI_BENCH_REQUIRED")
+        except pytest.skip.Exception as skip:
+            write(BENCH, [], "balloons beside the Go floor", skipped=str(skip))
+            return 0
+        except pytest.fail.Exception:
+            return 1
+    built = stamp(bins)
+    print(
+        f"Go peer and floor: {built['go']}, packages {built['packages']}; "
+        f"{args.cycles} HP + {args.cycles} LP pods per round, running: {args.running}"
+    )
+    rows = run(bins, args.running, args.cycles)
+    show("balloons beside the Go floor, through the Go NRI 0.6.1 runtime peer (6776P)", rows)
+    write(BENCH, rows, f"through the Go NRI runtime peer; {args.cycles} cycles per round")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
