@@ -157,6 +157,18 @@ class PctAllocator(SstProgramming, ClosAssociation, PlacementHints):
             log.info("pct: SST helper is back; SST state programmed and CPUs re-associated")
         return True
 
+    def heard_restart(self) -> bool:
+        """A reply to another request (the class settings sent in the same
+        batch) came from another helper process than the one SST was
+        programmed on: a flush programs it again. A flush with nothing to
+        associate (every core on its CLOS already) sends nothing itself."""
+        answered = self.writer.instance
+        if not self.mode or not answered or answered == self.instance:
+            return False
+        self.instance = answered
+        self._answered.add(answered)
+        return self._must_program()
+
     def probe_steps(self, timeout: float | None = None) -> Steps[bool]:
         """Ask the helper something cheap to notice a restart (its SST state
         may be gone then). True when SST must be programmed or CPUs associated

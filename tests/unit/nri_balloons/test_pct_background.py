@@ -15,7 +15,7 @@ from nri_balloons.configyaml import load_policy
 from nri_balloons.extres import extended_resources
 from nri_balloons.pct import DISCOVER_TIMEOUT
 from nri_balloons.policy import BalloonsPolicy
-from nri_balloons.sstlink import Budget, Wait, exchange
+from nri_balloons.sstlink import Budget, Wait
 from nri_balloons.validation import validate
 from nri_framework import cpuset
 from nri_framework.topology import Topology
@@ -42,6 +42,7 @@ def test_reply_path_waits_at_most_its_budget() -> None:
     the 100 ms budget (injected clock: a helper that takes 60 ms per answer),
     however many requests the decision needs; the rest is applied later."""
     policy, helper = make()
+    helper.batches = False  # an older helper: each write its own request
     helper.latency = 0.06
     handler = policy.cpu_classes
     start = helper.clock.now
@@ -58,11 +59,28 @@ def test_reply_path_waits_at_most_its_budget() -> None:
     assert not handler.unsettled()
 
 
+def test_one_request_per_decision_fits_where_two_did_not() -> None:
+    """The decision of the test above in one round trip (an ``Apply``: the
+    association and the C-states together): 60 ms, within the budget."""
+    policy, helper = make()
+    helper.latency = 0.06
+    start = helper.clock.now
+    helper.sent.clear()
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None
+    assert policy.cpu_classes.commit(Wait(budget=Budget(0.1, helper.clock)))
+    assert helper.clock.now - start == pytest.approx(0.06)
+    assert [type(r) for r in helper.sent] == [m.Apply]
+    assert set(helper.clos(bln.cpus).values()) == {0}
+    assert disabled_cstates(cpuset.ids(bln.cpus)[0]) == {"C6", "C6P"}
+    assert not policy.cpu_classes.unsettled()
+
+
 def test_decisions_between_two_background_requests_are_kept() -> None:
     """The plugin's background awaits each request; hooks run meanwhile and
-    only record decisions. Those recorded between two requests of a commit
-    (its association, its C-states) are not lost when it ends: the next
-    commit applies them."""
+    only record decisions. Those recorded while a request of a commit is
+    answered (its one ``Apply``: the association and the C-states) are not
+    lost when it ends: the next commit applies them."""
     policy, helper = make()
     handler = policy.cpu_classes
     first = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
@@ -72,7 +90,7 @@ def test_decisions_between_two_background_requests_are_kept() -> None:
     ask = next(steps)
     try:
         while True:
-            if isinstance(ask.request, m.AssociateCpus | m.SetCstates):
+            if isinstance(ask.request, m.AssociateCpus | m.SetCstates | m.Apply):
                 # the background awaits the helper's answer; a hook meanwhile
                 bln = policy.allocate(*pod(f"pct-hp-{len(later) + 2}", 2, "hp-bln"))
                 assert bln is not None
@@ -80,7 +98,7 @@ def test_decisions_between_two_background_requests_are_kept() -> None:
             ask = steps.send(helper.request(ask.request, ask.timeout))
     except StopIteration as done:
         assert done.value is True
-    assert len(later) == 2
+    assert len(later) == 1
     assert handler.unsettled()  # the hooks' decisions wait for the next commit
     assert handler.commit()
     assert not handler.unsettled()
@@ -236,6 +254,7 @@ def test_the_wait_given_to_a_call_is_the_one_its_requests_get() -> None:
     DISCOVER_TIMEOUT), a later call without one the writer's default, and a
     call's budget caps each of its requests at what is left of it."""
     helper = TimedHelper()
+    helper.batches = False  # an older helper: each write its own request, each capped
     topo = Topology.from_sysfs(str(helper.root))
     policy = BalloonsPolicy(topo, str(helper.root), writer=helper)
     policy.set_config(prepared_spec(topo), Wait(timeout=0.25))
@@ -252,7 +271,7 @@ def test_the_wait_given_to_a_call_is_the_one_its_requests_get() -> None:
     policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
     assert policy.cpu_classes.commit(Wait(timeout=0.5, budget=Budget(0.1, helper.clock)))
     timeouts = [t for _, t in helper.timeouts]
-    assert len(timeouts) >= 3
+    assert len(timeouts) >= 2  # the HP association and its C-states
     left = 0.1
     for t in timeouts:  # each capped at what the call's budget has left
         assert t == pytest.approx(min(0.5, left))
@@ -269,13 +288,16 @@ def test_two_flushes_keep_their_own_timeouts() -> None:
     policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
     policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
     first = pct.flush_steps(0.5)
-    ask = next(first)
+    ask = next(first)  # its one request
     assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
-    reply = helper.request(ask.request, ask.timeout)
     policy.allocate(*pod("pct-hp-2", 2, "hp-bln"))
-    assert exchange(pct.flush_steps(None), helper) is True  # another flush, start to end
-    ask = first.send(reply)
-    assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
+    second = pct.flush_steps(None)  # another flush, start to end, meanwhile
+    other = next(second)
+    assert other.timeout is None
+    with pytest.raises(StopIteration) as ended:
+        second.send(helper.request(other.request, other.timeout))
+    assert ended.value.value is True
+    assert ask.timeout == 0.5
     with pytest.raises(StopIteration) as done:
         first.send(helper.request(ask.request, ask.timeout))
     assert done.value.value is True
