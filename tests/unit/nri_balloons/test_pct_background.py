@@ -29,6 +29,7 @@ from pct_helpers import (
     ASSOC_ONLY,
     SPEC,
     InProcessHelper,
+    admit,
     disabled_cstates,
     host_root,
     make,
@@ -301,3 +302,76 @@ def test_two_flushes_keep_their_own_timeouts() -> None:
     with pytest.raises(StopIteration) as done:
         first.send(helper.request(ask.request, ask.timeout))
     assert done.value.value is True
+
+
+def irq_spec() -> str:
+    """The spec, its HP balloons claiming ttyS0 and rtc0 (so a decision needs
+    an association, C-states and IRQ affinities)."""
+    text = SPEC.read_text()
+    return text.replace(
+        "    preferNewBalloons: true\n",
+        '    preferNewBalloons: true\n    irqClaim: ["*ttyS0*", "*rtc0*"]\n',
+        1,
+    )
+
+
+@pytest.mark.parametrize("batches", [True, False], ids=["apply", "older helper"])
+def test_a_pct_create_is_one_helper_round_trip(batches: bool) -> None:
+    """Through the plugin's hooks: each HP pod's CreateContainer and its
+    StopContainer ask the helper once (an ``Apply`` with the association to
+    CLOS 0, the C-states and the IRQ affinities); an older helper (no
+    ``apply`` capability) gets the same writes one by one, with the same
+    result."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    helper.batches = batches
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    try:
+        plugin.apply(plugin.prepare(irq_spec(), "spec"))
+        handler.pct.hold = False  # as after the runtime's Synchronize
+        assert handler.commit()
+        for i in range(3):
+            p, c = pod(f"pct-hp-{i}", 2, "hp-bln")
+            helper.sent.clear()
+            plugin.nri_create_container(p, c)
+            writes = [type(w) for r in helper.sent for w in getattr(r, "items", [r])]
+            assert sorted(t.__name__ for t in writes) == [
+                "AssociateCpus",
+                "SetCstates",
+                "SetIrqAffinity",
+            ]
+            assert [type(r) for r in helper.sent] == ([m.Apply] if batches else writes)
+            bln = next(b for b in plugin.policy.balloons if c.id in b.members)
+            assert set(helper.clos(bln.cpus).values()) == {0}
+            assert all(disabled_cstates(x) == {"C6", "C6P"} for x in cpuset.ids(bln.cpus))
+            assert not handler.unsettled() and not plugin.irq.unsettled()
+        helper.sent.clear()
+        plugin.nri_stop_container(p, c)
+        assert len(helper.sent) == (1 if batches else 3)
+    finally:
+        plugin.policy_shutdown()
+
+
+def test_nothing_is_sent_for_cores_already_on_their_clos() -> None:
+    """An LP pod on idle CPUs: they are on CLOS 3 already (the helper said
+    so) and its class writes nothing else, so its decision asks the helper
+    nothing, nor does its release; an HP pod's moves cores to CLOS 0."""
+    policy, helper = make()
+    helper.sent.clear()
+    lp = admit(policy, "pct-lp", 4, "lp-bln")
+    assert helper.sent == []
+    assert set(helper.clos(lp).values()) == {3}
+    policy.release("ctr-pct-lp")
+    assert policy.cpu_classes.commit()
+    assert helper.sent == []
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    writes = [w for r in helper.sent for w in getattr(r, "items", [r])]
+    assert [w for w in writes if isinstance(w, m.AssociateCpus)] == [
+        m.AssociateCpus(clos=0, cpus=cpuset.ids(hp))
+    ]
