@@ -375,3 +375,35 @@ def test_nothing_is_sent_for_cores_already_on_their_clos() -> None:
     assert [w for w in writes if isinstance(w, m.AssociateCpus)] == [
         m.AssociateCpus(clos=0, cpus=cpuset.ids(hp))
     ]
+
+
+def test_a_write_refused_in_an_apply_loses_none_of_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The helper refuses an ``Apply`` whole when one write is invalid: the
+    plugin then sends its writes one by one, so the association still goes
+    through and only the refused write is logged."""
+    policy, helper = make()
+    helper.refuse = {m.SetCstates}
+    helper.sent.clear()
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    assert [type(r) for r in helper.sent] == [m.Apply, m.AssociateCpus, m.SetCstates]
+    assert set(helper.clos(hp).values()) == {0}
+    assert policy.cpu_classes.pct.clos_of(cpuset.ids(hp)[0]) == 0
+    assert any(x.startswith("cpuclass: C-states of CPUs") for x in caplog.messages)
+
+
+def test_a_short_apply_reply_is_not_believed() -> None:
+    """A helper answering an ``Apply`` with fewer replies than items: none of
+    its writes counts as done (the CLOS of those cores is not claimed)."""
+    policy, helper = make()
+    helper.tamper = lambda req, reply: (
+        m.ApplyReply(replies=[]) if isinstance(req, m.Apply) else reply
+    )
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None
+    policy.cpu_classes.commit()
+    pct = policy.cpu_classes.pct
+    assert all(pct.clos_of(c) is None for c in cpuset.ids(bln.cpus))
+    written = policy.cpu_classes.written[cpuset.ids(bln.cpus)[0]]
+    assert written.cstates != ("C6", "C6P")  # its C-states are not taken as written
