@@ -493,13 +493,16 @@ class SimBackend(Backend):
         self._check_set()
         if len(assoc) > 64:
             raise _enotty("more than 64 commands")
-        self._advance()
         held = pu["assoc"]
+        advanced = False
         for core, clos in assoc:  # entries before a failing one stay applied (§1.1)
             if not 0 <= core < MODULES_PER_PUNIT_MAX or (self.config.strict and not 0 <= clos < 4):
                 raise _enotty(f"assoc core {core} clos {clos}")
             value = clos & 0x3 if self.config.strict else clos & 0xF
             if held[core] != value:  # the same CLOS again changes no frequency
+                if not advanced:  # the counters to now, at the frequencies until now
+                    self._advance()
+                    advanced = True
                 held[core] = value
                 self._stale_punits.add((package, punit))
         self._log("clos-assoc", pkg=package, punit=punit, n=len(assoc))
