@@ -524,9 +524,10 @@ class CpuClassHandler:
         """Per die of a dirty CPU: the highest limits of the classes on the die."""
         cpus = self.topology.cpus
         dies = {cpus[c].die_key for c in cpuset.ids(self.dirty) if c in cpus}
+        limited = any(d.uncore_min_freq or d.uncore_max_freq for d in self.defs.values())
         for key in sorted(dies):
             lo = hi = 0
-            for cpu in cpuset.ids(self.topology.die_masks.get(key, 0)):
+            for cpu in cpuset.ids(self.topology.die_masks.get(key, 0) if limited else 0):
                 d = self.defs.get(self.cpu_class.get(cpu, ""))
                 if d is not None:
                     lo = max(lo, d.uncore_min_freq)
