@@ -5,7 +5,9 @@ for, and the flush that tells the helper.
 for and marks them pending; the flush
 (:meth:`nri_balloons.pct.PctAllocator.flush_steps`) sends one
 ``AssociateCpus`` per CLOS for the cores of the pending CPUs
-(:meth:`ClosAssociation.core_plan`), and remembers what the helper reports.
+(:meth:`ClosAssociation.core_plan`), all in the decision's one request, none
+for cores the helper reported on that CLOS already, and remembers what the
+helper reports.
 SST programming comes first (:mod:`nri_balloons.sstprogram`); the hints
 that keep cores whole are :mod:`nri_balloons.pcthints`.
 

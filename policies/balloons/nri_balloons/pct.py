@@ -10,7 +10,9 @@ programs SST-CP/TF itself: PrepareManagedMode, CLOS bounds, EnableCP) and
 associates CPUs). :meth:`PctAllocator.use` records which CLOS CPUs must be
 on; :meth:`PctAllocator.flush_steps` (run by the handler's one commit per
 decision) programs SST when the plan is new, and sends one ``AssociateCpus``
-per CLOS for the CPUs the decisions touched. While the helper is away PCT is
+per CLOS for the cores the decisions moved to another CLOS (in the
+decision's one request with its other writes:
+:func:`nri_balloons.sstlink.together`). While the helper is away PCT is
 *degraded*: decisions are still recorded, containers are still created and
 pinned, and what is pending is sent when the helper is back. Only another
 helper process (``HelloReply.instance`` changed: a restarted helper) makes SST
