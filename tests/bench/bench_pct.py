@@ -4,8 +4,9 @@ The spec's managed-mode BalloonsPolicy on the simulated dual-socket Xeon 6776P
 with the SST helper (``nri-sst-helper serve --backend sim``) and the balloons
 plugin as processes, driven by the runtime simulator: the CreateContainer
 round trip of an HP pod (a new 2-CPU balloon on a punit chosen by the PCT
-hints, one ``AssociateCpus`` to CLOS 0 and one ``SetCstates`` on the reply
-path), timed over create/remove cycles with 100 background containers; the
+hints, its association to CLOS 0 and its C-states in one ``Apply`` on the reply
+path), timed over create/remove cycles with 100 background containers, LP
+pods (4 CPUs, their cores on CLOS 3 already: nothing to send) in turn; the
 same once the helper is killed (hooks leave the retries to a timer); and
 how long applying the configuration takes (discovery, PrepareManagedMode,
 CLOS programming, EnableCP, associating and C-states of all 256 CPUs).
@@ -109,20 +110,29 @@ async def run(cycles: int, background: int) -> dict[str, float]:
                 c = await rt.create_container(p.id, container(i, 0, milli=50))
                 await rt.start_container(c.id)
 
+            async def cycle(i: int, annotations: dict[str, str], cpus: int) -> float:
+                """A pod created and removed: its CreateContainer round trip."""
+                base = len(rt.call_times("CreateContainer"))
+                p = await rt.run_pod(pod(i, annotations))
+                c = await rt.create_container(p.id, container(i, cpus))
+                await rt.stop_container(c.id)
+                await rt.remove_container(c.id)
+                await rt.stop_pod(p.id)
+                await rt.remove_pod(p.id)
+                return rt.call_times("CreateContainer")[base]
+
             async def hp_cycles(first: int, n: int) -> list[float]:
                 """``n`` HP pods created and removed: their CreateContainer round trips."""
-                base = len(rt.call_times("CreateContainer"))
-                for i in range(first, first + n):
-                    p = await rt.run_pod(pod(i, HP))
-                    c = await rt.create_container(p.id, container(i, 2))
-                    await rt.stop_container(c.id)
-                    await rt.remove_container(c.id)
-                    await rt.stop_pod(p.id)
-                    await rt.remove_pod(p.id)
-                return rt.call_times("CreateContainer")[base:]
+                return [await cycle(i, HP, 2) for i in range(first, first + n)]
 
-            times = await hp_cycles(100_000, cycles)
+            # HP pods (2 CPUs) and LP pods (4 CPUs, the issue's) in turn, in the same run
+            times: list[float] = []
+            lp_times: list[float] = []
+            for i in range(100_000, 100_000 + cycles):
+                times.append(await cycle(i, HP, 2))
+                lp_times.append(await cycle(i + 50_000, LP, 4))
             out["rt_p50"], out["rt_p99"] = pct(times, 0.5), pct(times, 0.99)
+            out["lp_p50"], out["lp_p99"] = pct(lp_times, 0.5), pct(lp_times, 0.99)
             assert "pct: mode=managed" in plugin.output(), plugin.output()[-3000:]
             # the helper killed: hooks leave the retries to the plugin's timer
             helper.kill()
@@ -148,6 +158,23 @@ def main() -> int:
     rows = [
         Figure("pct.rt_p50", f"{what}: round trip p50", r["rt_p50"] * 1e3, "ms"),
         Figure("pct.rt_p99", f"{what}: round trip p99", r["rt_p99"] * 1e3, "ms", 3),
+        Figure("pct.lp_p50", "LP pod (4 CPUs, same run): round trip p50", r["lp_p50"] * 1e3, "ms"),
+        Figure("pct.lp_p99", "LP pod (4 CPUs, same run): round trip p99", r["lp_p99"] * 1e3, "ms"),
+        Figure(
+            "pct.hp_over_lp_p99",
+            "HP pod round trip p99 / LP pod's, same run",
+            r["rt_p99"] / r["lp_p99"],
+            "x",
+            1.5,
+            note="issue #14: PCT at one helper round trip",
+        ),
+        Figure(
+            "pct.away_p50",
+            "HP pod, the SST helper killed (the plugin's work alone): round trip p50",
+            r["away_p50"] * 1e3,
+            "ms",
+            note="context: the round trip p50 above less this is the helper's share",
+        ),
         Figure(
             "pct.away_p99",
             "HP pod, the SST helper killed (retries left to a timer): round trip p99",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from nri_sst import PROTOCOL_VERSION, validate
@@ -33,8 +34,12 @@ CAPABILITIES = [
     "aperf-mperf",
     "irq",
     "resctrl",
+    "apply",
 ]
 MAX_PEERS = 1024
+
+Write = Callable[[], tuple[m.ApplyItemReply, bool]]
+"""A validated write: its reply and whether it changed anything."""
 
 
 class PeerTable:
@@ -170,13 +175,10 @@ class RequestHandler:
             sst = self._sst()
             sst.enable_cp()
             return m.EnableCPReply(punits=len(sst.punits)), True
-        if isinstance(req, m.AssociateCpus):
-            clos = validate.clos(req.clos)
-            cpus = validate.cpus(mc, req.cpus)
-            sst = self._sst()
-            validate.sst_cpus(mc, sst.punit_of, cpus)
-            moved = sst.associate(clos, cpus)
-            return m.AssociateCpusReply(clos=clos, cpus=moved), True
+        if isinstance(req, m.ApplyItem):
+            return self._prepare(req)()
+        if isinstance(req, m.Apply):
+            return self.apply(req)
         if isinstance(req, m.GetAssociation):
             cpus = validate.cpus(mc, req.cpus)
             sst = self._sst()
@@ -192,32 +194,6 @@ class RequestHandler:
             sst = self._sst()
             self.teardown()
             return m.TeardownReply(punits=len(sst.punits)), True
-        if isinstance(req, m.SetCstates):
-            cpus, names = validate.cstates(mc, req)
-            try:
-                for cpu in cpus:
-                    self.writer.set_cstates(cpu, names)
-            except SysfsError as exc:
-                raise m.HelperError("hardware-error", str(exc)) from None
-            # idle states change no frequency limit (sst.md §5.5.12): nothing to sync
-            return m.SetCstatesReply(cpus=cpus, disabled=sorted(names)), False
-        if isinstance(req, m.SetCpufreq):
-            cpus = validate.cpufreq(mc, req, self.writer.cpufreq_now)
-            try:
-                for cpu in cpus:
-                    self.writer.set_cpufreq(cpu, req.min_khz, req.max_khz, req.governor, req.epp)
-            except SysfsError as exc:
-                raise m.HelperError("hardware-error", str(exc)) from None
-            finally:
-                self.backend.sysfs_changed(cpus)
-            return m.SetCpufreqReply(cpus=cpus), True
-        if isinstance(req, m.SetUncore):
-            validate.uncore(mc, req, self.writer.uncore_now)
-            try:
-                self.writer.set_uncore(req.package, req.die, req.min_khz, req.max_khz)
-            except SysfsError as exc:
-                raise m.HelperError("hardware-error", str(exc)) from None
-            return m.SetUncoreReply(package=req.package, die=req.die), False
         if isinstance(req, m.ReadFrequency):
             cpus = validate.cpus(mc, req.cpus)
             return self.read_frequency(cpus, req.clos), False
@@ -226,13 +202,98 @@ class RequestHandler:
                 interrupts=self.interrupts.read(),
                 default_affinity=self.interrupts.default_affinity(),
             ), False
-        if isinstance(req, m.SetIrqAffinity):
-            return self.set_irq_affinity(req), True
         if isinstance(req, m.ReadResctrl):
             return self.resctrl.read(), False
         if isinstance(req, m.SetResctrl):
             return self.set_resctrl(req), True
         raise m.HelperError("unknown-message", f"unhandled request {type(req).__name__}")
+
+    # ------------------------------------------------------------------ writes
+
+    def _prepare(self, req: m.ApplyItem) -> Write:
+        """Validate a write against the machine as it is now (raising
+        :class:`~nri_sst.messages.HelperError`, nothing written); the write
+        itself is what is returned."""
+        mc = self.machine
+        if isinstance(req, m.AssociateCpus):
+            clos = validate.clos(req.clos)
+            cpus = validate.cpus(mc, req.cpus)
+            sst = self._sst()
+            validate.sst_cpus(mc, sst.punit_of, cpus)
+            return lambda: (m.AssociateCpusReply(clos=clos, cpus=sst.associate(clos, cpus)), True)
+        if isinstance(req, m.SetCstates):
+            cpus, names = validate.cstates(mc, req)
+            return lambda: self._set_cstates(cpus, names)
+        if isinstance(req, m.SetCpufreq):
+            cpus = validate.cpufreq(mc, req, self.writer.cpufreq_now)
+            return lambda: self._set_cpufreq(cpus, req)
+        if isinstance(req, m.SetUncore):
+            validate.uncore(mc, req, self.writer.uncore_now)
+            return lambda: self._set_uncore(req)
+        known = {i.number: i for i in self.interrupts.read()}
+        batch = validate.irq_affinity(mc, known, req)
+        return lambda: (self._set_irq_affinity(batch), True)
+
+    def apply(self, req: m.Apply) -> tuple[m.ApplyReply, bool]:
+        """Every item validated first (one invalid refuses the whole request,
+        nothing written), then each written in order (see :class:`m.Apply`)."""
+        if len(req.items) > m.MAX_APPLY_ITEMS:
+            raise m.HelperError(
+                "invalid-argument",
+                f"apply: {len(req.items)} items exceed the limit of {m.MAX_APPLY_ITEMS}",
+            )
+        irqs = sum(
+            len(g.irqs) for i in req.items if isinstance(i, m.SetIrqAffinity) for g in i.groups
+        )
+        if irqs > m.MAX_IRQ_BATCH:
+            raise m.HelperError(
+                "invalid-argument",
+                f"apply: {irqs} IRQs exceed the limit of {m.MAX_IRQ_BATCH}",
+            )
+        writes = []
+        for n, item in enumerate(req.items):
+            try:
+                writes.append(self._prepare(item))
+            except m.HelperError as exc:
+                raise m.HelperError(
+                    exc.code, f"apply: item {n} ({type(item).__name__}): {exc.message}"
+                ) from None
+        replies: list[m.ApplyItemReply] = []
+        changed = False
+        for write in writes:
+            try:
+                reply, did = write()
+            except m.HelperError as exc:  # what it wrote before failing stays
+                reply, did = exc.reply(), True
+            replies.append(reply)
+            changed = changed or did
+        return m.ApplyReply(replies=replies), changed
+
+    def _set_cstates(self, cpus: list[int], names: frozenset[str]) -> tuple[m.ApplyItemReply, bool]:
+        try:
+            for cpu in cpus:
+                self.writer.set_cstates(cpu, names)
+        except SysfsError as exc:
+            raise m.HelperError("hardware-error", str(exc)) from None
+        # idle states change no frequency limit (sst.md §5.5.12): nothing to sync
+        return m.SetCstatesReply(cpus=cpus, disabled=sorted(names)), False
+
+    def _set_cpufreq(self, cpus: list[int], req: m.SetCpufreq) -> tuple[m.ApplyItemReply, bool]:
+        try:
+            for cpu in cpus:
+                self.writer.set_cpufreq(cpu, req.min_khz, req.max_khz, req.governor, req.epp)
+        except SysfsError as exc:
+            raise m.HelperError("hardware-error", str(exc)) from None
+        finally:
+            self.backend.sysfs_changed(cpus)
+        return m.SetCpufreqReply(cpus=cpus), True
+
+    def _set_uncore(self, req: m.SetUncore) -> tuple[m.ApplyItemReply, bool]:
+        try:
+            self.writer.set_uncore(req.package, req.die, req.min_khz, req.max_khz)
+        except SysfsError as exc:
+            raise m.HelperError("hardware-error", str(exc)) from None
+        return m.SetUncoreReply(package=req.package, die=req.die), False
 
     # ------------------------------------------------------------------ operations
 
@@ -270,12 +331,10 @@ class RequestHandler:
             ],
         )
 
-    def set_irq_affinity(self, req: m.SetIrqAffinity) -> m.SetIrqAffinityReply:
-        """Validated against the kernel's list as it is now, then written in
-        IRQ order; a write the kernel refuses ends the batch (what was written
-        before stays, as with every sysfs knob) with ``hardware-error``."""
-        known = {i.number: i for i in self.interrupts.read()}
-        batch = validate.irq_affinity(self.machine, known, req)
+    def _set_irq_affinity(self, batch: list[tuple[int, list[int]]]) -> m.SetIrqAffinityReply:
+        """Written in IRQ order (validated against the kernel's list before);
+        a write the kernel refuses ends the batch (what was written before
+        stays, as with every sysfs knob) with ``hardware-error``."""
         done: dict[int, list[int]] = {}
         for irq, cpus in batch:
             try:

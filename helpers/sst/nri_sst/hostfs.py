@@ -164,7 +164,7 @@ class SysfsWriter:
         self.machine = machine
         self.cpu_dir = machine.root / CPU_DIR
 
-    def _write(self, path: Path, value: str) -> None:
+    def _write(self, path: Path | str, value: str) -> None:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
         except OSError as exc:
@@ -178,9 +178,9 @@ class SysfsWriter:
 
     def set_cstates(self, cpu: int, disabled: frozenset[str]) -> None:
         """``disable=1`` for names in ``disabled``, ``disable=0`` for all other states."""
+        base = f"{self.cpu_dir}/cpu{cpu:d}/cpuidle"  # a string: no Path per state
         for index, name in enumerate(self.machine.cstates.get(cpu, ())):
-            path = self.cpu_dir / f"cpu{cpu:d}" / "cpuidle" / f"state{index:d}" / "disable"
-            self._write(path, "1" if name in disabled else "0")
+            self._write(f"{base}/state{index:d}/disable", "1" if name in disabled else "0")
 
     def set_cpufreq(
         self,

@@ -27,6 +27,10 @@ MAX_MESSAGE_SIZE = 64 * 1024
 """Largest request payload the helper decodes (checked before decoding)."""
 
 CLOS_COUNT = 4
+MAX_APPLY_ITEMS = 64
+"""Most writes one :class:`Apply` may carry (a decision needs a handful: an
+association per CLOS, a cpufreq and a C-state write per CPU group, an uncore
+write per die, one IRQ write)."""
 MAX_IRQ_BATCH = 1024
 """Most IRQs one :class:`SetIrqAffinity` may name (all its groups together)."""
 MAX_INTERRUPTS = 4096
@@ -345,6 +349,24 @@ class SetResctrl(_Msg, frozen=True, tag="set-resctrl"):
     force: bool = False
 
 
+ApplyItem = AssociateCpus | SetCpufreq | SetCstates | SetUncore | SetIrqAffinity
+"""The writes an :class:`Apply` carries."""
+
+
+class Apply(_Msg, frozen=True, tag="apply"):
+    """The writes of one decision in one round trip (capability ``apply``):
+    at most :data:`MAX_APPLY_ITEMS` items, each validated as its standalone
+    request is, all of them before anything is written (one invalid item
+    refuses the request and nothing is written; the message names the item);
+    then written in order. A write the hardware refuses is that item's
+    :class:`ErrorReply` and the next items are written all the same, as
+    separate requests would be. Each item is validated against the machine
+    as it was before the request (the plugin names a CPU, a die and an IRQ
+    in one item of each kind at most)."""
+
+    items: list[ApplyItem]
+
+
 Request = (
     Hello
     | Discover
@@ -364,6 +386,7 @@ Request = (
     | SetIrqAffinity
     | ReadResctrl
     | SetResctrl
+    | Apply
 )
 
 
@@ -487,6 +510,21 @@ class ErrorReply(_Msg, frozen=True, tag="error"):
     message: str
 
 
+ApplyItemReply = (
+    AssociateCpusReply
+    | SetCpufreqReply
+    | SetCstatesReply
+    | SetUncoreReply
+    | SetIrqAffinityReply
+    | ErrorReply
+)
+
+
+class ApplyReply(_Msg, frozen=True, tag="apply-reply"):
+    replies: list[ApplyItemReply]
+    """One per item, in order: its typed reply or its :class:`ErrorReply`."""
+
+
 Reply = (
     HelloReply
     | DiscoverReply
@@ -506,6 +544,7 @@ Reply = (
     | SetIrqAffinityReply
     | ReadResctrlReply
     | SetResctrlReply
+    | ApplyReply
     | ErrorReply
 )
 
@@ -528,6 +567,7 @@ REPLY_FOR: dict[type[_Msg], type[_Msg]] = {
     SetIrqAffinity: SetIrqAffinityReply,
     ReadResctrl: ReadResctrlReply,
     SetResctrl: SetResctrlReply,
+    Apply: ApplyReply,
 }
 """The one typed reply of each request (besides :class:`ErrorReply`)."""
 

@@ -5,7 +5,9 @@ for, and the flush that tells the helper.
 for and marks them pending; the flush
 (:meth:`nri_balloons.pct.PctAllocator.flush_steps`) sends one
 ``AssociateCpus`` per CLOS for the cores of the pending CPUs
-(:meth:`ClosAssociation.core_plan`), and remembers what the helper reports.
+(:meth:`ClosAssociation.core_plan`), all in the decision's one request, none
+for cores the helper reported on that CLOS already, and remembers what the
+helper reports.
 SST programming comes first (:mod:`nri_balloons.sstprogram`); the hints
 that keep cores whole are :mod:`nri_balloons.pcthints`.
 
@@ -56,7 +58,7 @@ from nri_sst import messages as m
 from nri_balloons.gofmt import quote
 from nri_balloons.pctplan import CLOS_COUNT
 from nri_balloons.pctstate import PctState
-from nri_balloons.sstlink import Steps, WriteRefused
+from nri_balloons.sstlink import Steps, WriteRefused, item_replies
 
 log = logging.getLogger("cpuclass")
 
@@ -155,39 +157,60 @@ class ClosAssociation(PctState):
             self.known.pop(cpu, None)
 
     def _associate_pending(self, timeout: float | None) -> Steps[None]:
-        """One AssociateCpus per CLOS for the cores of the pending CPUs (see
-        :meth:`core_plan`). A request without an answer leaves its CPUs (and
-        those not sent yet) pending: its outcome is unknown, they are sent
+        """The associations of the cores of the pending CPUs (see
+        :meth:`core_plan`), one ``AssociateCpus`` per CLOS, all in one request
+        (an ``Apply``; see :func:`nri_balloons.sstlink.together`); none for a
+        core the helper reported on that CLOS already. A request without an
+        answer leaves its CPUs pending: its outcome is unknown, they are sent
         again; until then the plugin is degraded and :meth:`clos_of` says
         nothing."""
         batch, self.pending = self.pending, 0  # decisions from now on: the next batch
         by_clos = self.core_plan(batch)
-        todo = functools.reduce(operator.or_, by_clos.values(), 0)
+        for clos, mask in sorted(by_clos.items()):
+            if self._holds(clos, mask):  # as the helper reported: nothing to send
+                del by_clos[clos]
+                log.debug("pct: associated cpus %s to CLOS %d", cpuset.format(mask), clos)
+        if not by_clos:
+            return
+        order = sorted(by_clos)
+        asks = [m.AssociateCpus(clos=clos, cpus=cpuset.ids(by_clos[clos])) for clos in order]
         try:
-            for clos in sorted(by_clos):
-                mask = by_clos[clos]
-                text = cpuset.format(mask)
+            if len(asks) == 1:
                 try:
-                    reply = yield from self._ask(
-                        m.AssociateCpus(clos=clos, cpus=cpuset.ids(mask)), timeout
-                    )
-                    if not isinstance(reply, m.AssociateCpusReply) or reply.clos != clos:
-                        raise WriteRefused(f"unexpected reply {type(reply).__name__}")
+                    replies: list[m.Reply | WriteRefused] = [
+                        (yield from self._ask(asks[0], timeout))
+                    ]
                 except WriteRefused as exc:
-                    todo &= ~mask
-                    self._unlearn(mask)
-                    log.warning(
-                        "cpuclass: pct failed to apply class on CPUs %s: "
-                        "pct: associate cpus %s to CLOS %d: %s",
-                        text,
-                        text,
-                        clos,
-                        exc,
-                    )
-                    continue
-                todo &= ~mask
-                self._learn(mask, clos, reply)
-                log.debug("pct: associated cpus %s to CLOS %d", text, clos)
+                    replies = [exc]
+            else:
+                reply = yield from self._ask(m.Apply(items=list(asks)), timeout)
+                replies = item_replies(reply, len(asks))
         except BaseException:  # unavailable, or the steps were abandoned
-            self.pending |= todo
+            self.pending |= functools.reduce(operator.or_, by_clos.values(), 0)
             raise
+        for clos, reply in zip(order, replies, strict=True):
+            mask = by_clos[clos]
+            text = cpuset.format(mask)
+            if not isinstance(reply, m.AssociateCpusReply) or reply.clos != clos:
+                exc = (
+                    reply
+                    if isinstance(reply, WriteRefused)
+                    else WriteRefused(f"unexpected reply {type(reply).__name__}")
+                )
+                self._unlearn(mask)
+                log.warning(
+                    "cpuclass: pct failed to apply class on CPUs %s: "
+                    "pct: associate cpus %s to CLOS %d: %s",
+                    text,
+                    text,
+                    clos,
+                    exc,
+                )
+                continue
+            self._learn(mask, clos, reply)
+            log.debug("pct: associated cpus %s to CLOS %d", text, clos)
+
+    def _holds(self, clos: int, mask: int) -> bool:
+        """The helper reported every thread of the cores of ``mask`` on
+        ``clos`` (an association would change nothing)."""
+        return all(self.known.get(cpu) == clos for cpu in cpuset.ids(self.topology.siblings(mask)))

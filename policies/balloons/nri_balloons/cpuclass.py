@@ -55,6 +55,8 @@ from nri_balloons.sstlink import (
     WriteRequest,
     WriterUnavailable,
     exchange,
+    item_replies,
+    together,
 )
 
 __all__ = [
@@ -374,10 +376,20 @@ class CpuClassHandler:
         )
 
     def commit_steps(self, timeout: float | None = None) -> Steps[bool]:
-        """:meth:`commit` as steps. Decisions taken between two requests (by
-        hooks, while the background awaits) stay dirty for the next commit."""
-        if not (yield from self.pct.flush_steps(timeout)):
-            return False
+        """:meth:`commit` as steps: PCT's flush and the class settings side by
+        side, their writes in one request (:func:`~nri_balloons.sstlink.together`).
+        Decisions taken between two requests (by hooks, while the background
+        awaits) stay dirty for the next commit."""
+        flushed, written = yield from together(
+            self.pct.flush_steps(timeout), self.write_steps(timeout)
+        )
+        if flushed and self.pct.heard_restart():
+            flushed = yield from self.pct.flush_steps(timeout)
+        return bool(flushed and written)
+
+    def write_steps(self, timeout: float | None = None) -> Steps[bool]:
+        """The cpufreq, C-state and uncore writes the dirty CPUs need, in one
+        request; False when the helper is unavailable (they stay dirty)."""
         if self.degraded:
             self.written.clear()
             self.uncore_written.clear()
@@ -385,24 +397,17 @@ class CpuClassHandler:
         plan = self._plan()
         batch, self.dirty = self.dirty, 0
         try:
-            for i, req in enumerate(plan.requests):
+            replies: list[m.Reply | WriteRefused] = []
+            if len(plan.requests) == 1:
                 try:
-                    yield Ask(req, timeout)
+                    replies = [(yield Ask(plan.requests[0], timeout))]
                 except WriteRefused as exc:
-                    log.error("cpuclass: %s refused: %s", _describe(req), exc)
-                    continue
-                self.requests_sent += 1
-                for cpu, done in plan.done[i]:
-                    w = self.written.setdefault(cpu, _Written())
-                    for attr in ("min_freq", "max_freq", "governor", "epp", "cstates"):
-                        value = getattr(done, attr)
-                        if value is not None:
-                            setattr(w, attr, value)
-                u = plan.uncore_done[i]
-                if u is not None:
-                    self.uncore_written[u[0]] = u[1]
+                    replies = [exc]
+            elif plan.requests:
+                reply = yield Ask(m.Apply(items=list(plan.requests)), timeout)
+                replies = item_replies(reply, len(plan.requests))
         except WriterUnavailable as exc:
-            self.dirty |= batch  # what was written is known: only the rest goes again
+            self.dirty |= batch  # nothing of it is known written: it all goes again
             if isinstance(exc, BudgetSpent):
                 log.debug("cpuclass: %s; the rest is written in the background", exc)
             elif not self.degraded:
@@ -414,6 +419,20 @@ class CpuClassHandler:
         except BaseException:  # the steps were abandoned
             self.dirty |= batch
             raise
+        for i, (req, reply) in enumerate(zip(plan.requests, replies, strict=True)):
+            if isinstance(reply, WriteRefused):
+                log.error("cpuclass: %s refused: %s", _describe(req), reply)
+                continue
+            self.requests_sent += 1
+            for cpu, done in plan.done[i]:
+                w = self.written.setdefault(cpu, _Written())
+                for attr in ("min_freq", "max_freq", "governor", "epp", "cstates"):
+                    value = getattr(done, attr)
+                    if value is not None:
+                        setattr(w, attr, value)
+            u = plan.uncore_done[i]
+            if u is not None:
+                self.uncore_written[u[0]] = u[1]
         if self.degraded:
             if plan.requests:
                 log.info("cpuclass: SST helper is back; CPU class settings re-applied")
@@ -505,9 +524,10 @@ class CpuClassHandler:
         """Per die of a dirty CPU: the highest limits of the classes on the die."""
         cpus = self.topology.cpus
         dies = {cpus[c].die_key for c in cpuset.ids(self.dirty) if c in cpus}
+        limited = any(d.uncore_min_freq or d.uncore_max_freq for d in self.defs.values())
         for key in sorted(dies):
             lo = hi = 0
-            for cpu in cpuset.ids(self.topology.die_masks.get(key, 0)):
+            for cpu in cpuset.ids(self.topology.die_masks.get(key, 0) if limited else 0):
                 d = self.defs.get(self.cpu_class.get(cpu, ""))
                 if d is not None:
                     lo = max(lo, d.uncore_min_freq)

@@ -10,7 +10,9 @@ programs SST-CP/TF itself: PrepareManagedMode, CLOS bounds, EnableCP) and
 associates CPUs). :meth:`PctAllocator.use` records which CLOS CPUs must be
 on; :meth:`PctAllocator.flush_steps` (run by the handler's one commit per
 decision) programs SST when the plan is new, and sends one ``AssociateCpus``
-per CLOS for the CPUs the decisions touched. While the helper is away PCT is
+per CLOS for the cores the decisions moved to another CLOS (in the
+decision's one request with its other writes:
+:func:`nri_balloons.sstlink.together`). While the helper is away PCT is
 *degraded*: decisions are still recorded, containers are still created and
 pinned, and what is pending is sent when the helper is back. Only another
 helper process (``HelloReply.instance`` changed: a restarted helper) makes SST
@@ -156,6 +158,18 @@ class PctAllocator(SstProgramming, ClosAssociation, PlacementHints):
             self.degraded = False
             log.info("pct: SST helper is back; SST state programmed and CPUs re-associated")
         return True
+
+    def heard_restart(self) -> bool:
+        """A reply to another request (the class settings sent in the same
+        batch) came from another helper process than the one SST was
+        programmed on: a flush programs it again. A flush with nothing to
+        associate (every core on its CLOS already) sends nothing itself."""
+        answered = self.writer.instance
+        if not self.mode or not answered or answered == self.instance:
+            return False
+        self.instance = answered
+        self._answered.add(answered)
+        return self._must_program()
 
     def probe_steps(self, timeout: float | None = None) -> Steps[bool]:
         """Ask the helper something cheap to notice a restart (its SST state

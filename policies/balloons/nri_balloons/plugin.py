@@ -57,6 +57,7 @@ from nri_balloons.sstlink import (
     Wait,
     exchange,
     exchange_async,
+    together,
 )
 from nri_balloons.validation import PreparedConfig, validate
 
@@ -159,9 +160,8 @@ class Balloons:
             self.rediscovery = asyncio.get_running_loop().create_task(self._rediscover())
         if self.policy is None or self.background is not None:
             return
-        ok = self.policy.cpu_classes.commit(wait)
-        ok = self.commit_irqs(wait) and ok
-        ok = self.commit_rdt(wait) and ok
+        ok = all(exchange(self.commit_steps(wait.timeout), self.policy_writer(), wait.budget))
+        self.report_late_denied_claims()
         loop = _running_loop()
         if loop is None:
             return
@@ -183,24 +183,22 @@ class Balloons:
             prepared.spec.controllable_interrupts,
         )
 
-    def commit_irqs(self, wait: Wait) -> bool:
-        """Write the IRQ affinities of the decision that just ran (one request
-        within the hook's ``wait``); False: left to the background."""
-        if isinstance(self.policy_writer(), NullWriter):
-            return True
-        self.decide_irqs()
-        ok = exchange(self.irq.commit_steps(wait.timeout), self.policy_writer(), wait.budget)
-        self.report_late_denied_claims()
-        return ok
-
-    def commit_rdt(self, wait: Wait) -> bool:
-        """Send the resctrl configuration of control.rdt when it changed (one
-        exchange within the hook's ``wait``); False: left to the background."""
-        if isinstance(self.policy_writer(), NullWriter) or self.policy is None:
-            return True
-        if self.policy.config is not None:
-            self.rdt.decide(self.policy.config.spec.control.rdt)
-        return exchange(self.rdt.commit_steps(wait.timeout), self.policy_writer(), wait.budget)
+    def commit_steps(self, timeout: float | None = None) -> Steps[list[bool]]:
+        """Everything the decisions ask of the helper, side by side: the CPU
+        classes and PCT, the IRQ affinities (reference §11) and the resctrl
+        configuration of control.rdt when it changed; their writes go in one
+        request (:func:`~nri_balloons.sstlink.together`). Each one's result:
+        False when it was left to the background."""
+        assert self.policy is not None
+        steps: list[Steps[bool]] = [self.policy.cpu_classes.commit_steps(timeout)]
+        if not isinstance(self.policy_writer(), NullWriter):
+            self.decide_irqs()
+            steps.append(self.irq.commit_steps(timeout))
+            if self.policy.config is not None:
+                self.rdt.decide(self.policy.config.spec.control.rdt)
+            steps.append(self.rdt.commit_steps(timeout))
+        results: list[bool] = yield from together(*steps)
+        return results
 
     def check_rdt(self, prepared: PreparedConfig, wait: Wait) -> None:
         """control.rdt partitions resolved against resctrl's ``info`` (read
@@ -322,11 +320,8 @@ class Balloons:
             if probe and not await self._exchange(handler.pct.probe_steps()):
                 return
             while True:
-                done = await self._exchange(handler.commit_steps(CONFIG_TIMEOUT))
-                self.decide_irqs()
-                done = await self._exchange(self.irq.commit_steps(CONFIG_TIMEOUT)) and done
+                done = all(await self._exchange(self.commit_steps(CONFIG_TIMEOUT)))
                 self.report_late_denied_claims()
-                done = await self._exchange(self.rdt.commit_steps(CONFIG_TIMEOUT)) and done
                 if done:
                     if (
                         not handler.unsettled()

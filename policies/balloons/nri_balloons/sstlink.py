@@ -17,6 +17,14 @@ that point. Two drivers run steps:
   probe): an asyncio task awaiting the asyncio client, with the longer
   timeouts SoC-wide operations need, never blocking the event loop.
 
+A decision's writes go in one round trip: steps yield an ``Apply`` of their
+independent writes, and :func:`together` runs several steps side by side,
+sending the writes they ask for at the same time as one ``Apply``
+(protocol: :class:`nri_sst.messages.Apply`). A helper without the ``apply``
+capability (an older one) gets them as separate requests, and so does an
+``Apply`` the helper refused whole (one invalid item refuses it): each write
+then stands or falls by itself, as before.
+
 :class:`HelperWriter` owns one client session for each (the reply path's
 blocking one and the background's asyncio one); :class:`NullWriter` stands
 in when there is no ``--sst-helper``.
@@ -27,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from nri_sst import messages as m
 from nri_sst.client import (
@@ -42,6 +50,8 @@ log = logging.getLogger("cpuclass")
 
 WriteRequest = m.SetCpufreq | m.SetCstates | m.SetUncore
 T = TypeVar("T")
+APPLY = "apply"
+"""The helper capability of :class:`nri_sst.messages.Apply`."""
 REPLY_BUDGET = DEFAULT_TIMEOUT / 2
 """Seconds a hook on the event loop may wait for the helper in total: half
 the 100 ms a container's reply may take, so that the reply (the policy's
@@ -59,7 +69,17 @@ class BudgetSpent(WriterUnavailable):
 
 
 class WriteRefused(Exception):
-    """The helper refused one request (its message says why)."""
+    """The helper refused one request (its message says why; ``error``: the
+    helper's typed refusal, when it gave one)."""
+
+    def __init__(self, message: str, error: m.ErrorReply | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+def refused(error: m.ErrorReply) -> WriteRefused:
+    """The :class:`WriteRefused` of the helper's typed refusal ``error``."""
+    return WriteRefused(f"{error.code}: {error.message}", error)
 
 
 class Ask(NamedTuple):
@@ -88,6 +108,10 @@ class Writer(Protocol):
 
     async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply: ...
 
+    def supports(self, capability: str) -> bool:
+        """The helper that answered last has ``capability`` (its Hello said so)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -111,6 +135,9 @@ class NullWriter:
 
     async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         return self.request(request, timeout)
+
+    def supports(self, capability: str) -> bool:
+        return False
 
     def close(self) -> None:
         pass
@@ -138,7 +165,7 @@ class HelperWriter:
         except HelperUnavailable as exc:
             raise WriterUnavailable(str(exc)) from None
         except HelperRequestError as exc:
-            raise WriteRefused(str(exc)) from None
+            raise refused(m.ErrorReply(code=exc.code, message=exc.message)) from None
         finally:
             self.instance = self._client.instance or self.instance
 
@@ -152,9 +179,15 @@ class HelperWriter:
         except HelperUnavailable as exc:
             raise WriterUnavailable(str(exc)) from None
         except HelperRequestError as exc:
-            raise WriteRefused(str(exc)) from None
+            raise refused(m.ErrorReply(code=exc.code, message=exc.message)) from None
         finally:
             self.instance = self._async.instance or self.instance
+
+    def supports(self, capability: str) -> bool:
+        return any(
+            c is not None and c.hello is not None and capability in c.hello.capabilities
+            for c in (self._client, self._async)
+        )
 
     def close(self) -> None:
         for client in (self._client, self._async):
@@ -200,14 +233,64 @@ DEFAULT_WAIT = Wait()
 """The writer's default timeout per request, no total."""
 
 
+Delivery = Generator[tuple[m.Request, float | None], m.Reply, m.Reply]
+"""How one :class:`Ask` reaches the helper: the requests it takes (each
+with its timeout), ending with the ask's reply."""
+
+
+def delivery(ask: Ask, batches: bool) -> Delivery:
+    """``ask`` as the helper takes it: an ``Apply`` as is when the helper has
+    the ``apply`` capability (``batches``), else (or when it refused the
+    ``Apply`` whole) each write alone, their replies (a refused one as its
+    :class:`~nri_sst.messages.ErrorReply`) gathered into the ``ApplyReply``."""
+    req = ask.request
+    if not isinstance(req, m.Apply):
+        return (yield req, ask.timeout)
+    if batches:
+        try:
+            return (yield req, ask.timeout)
+        except WriteRefused:
+            if len(req.items) < 2:
+                raise
+            log.debug("cpuclass: the SST helper refused a batch; its writes one by one")
+    replies: list[m.ApplyItemReply] = []
+    for item in req.items:
+        try:
+            reply = yield item, ask.timeout
+        except WriteRefused as exc:
+            replies.append(exc.error or m.ErrorReply(code="invalid-argument", message=str(exc)))
+            continue
+        if isinstance(reply, m.ApplyItemReply):
+            replies.append(reply)
+        else:
+            replies.append(m.ErrorReply(code="internal", message=type(reply).__name__))
+    return m.ApplyReply(replies=replies)
+
+
 def exchange(steps: Steps[T], writer: Writer, budget: Budget | None = None) -> T:
     """Run ``steps`` to their end with blocking requests (see the module doc)."""
+
+    def deliver(ask: Ask) -> m.Reply:
+        send = delivery(ask, writer.supports(APPLY))
+        try:
+            req, wanted = next(send)
+            while True:
+                try:
+                    timeout = wanted if budget is None else budget.timeout(wanted)
+                    reply = writer.request(req, timeout)
+                except WriteRefused as exc:
+                    req, wanted = send.throw(exc)
+                else:
+                    req, wanted = send.send(reply)
+        except StopIteration as done:
+            result: m.Reply = done.value
+            return result
+
     try:
         ask = next(steps)
         while True:
             try:
-                timeout = ask.timeout if budget is None else budget.timeout(ask.timeout)
-                reply = writer.request(ask.request, timeout)
+                reply = deliver(ask)
             except (WriterUnavailable, WriteRefused) as exc:
                 ask = steps.throw(exc)
             else:
@@ -223,11 +306,27 @@ async def exchange_async(steps: Steps[T], writer: Writer) -> T:
     """Run ``steps`` to their end, awaiting each request (see the module doc).
     Cancelled, the steps are closed where they wait (their ``finally``
     blocks run; the request's outcome is unknown)."""
+
+    async def deliver(ask: Ask) -> m.Reply:
+        send = delivery(ask, writer.supports(APPLY))
+        try:
+            req, timeout = next(send)
+            while True:
+                try:
+                    reply = await writer.request_async(req, timeout)
+                except WriteRefused as exc:
+                    req, timeout = send.throw(exc)
+                else:
+                    req, timeout = send.send(reply)
+        except StopIteration as done:
+            result: m.Reply = done.value
+            return result
+
     try:
         ask = next(steps)
         while True:
             try:
-                reply = await writer.request_async(ask.request, ask.timeout)
+                reply = await deliver(ask)
             except (WriterUnavailable, WriteRefused) as exc:
                 ask = steps.throw(exc)
             else:
@@ -237,3 +336,90 @@ async def exchange_async(steps: Steps[T], writer: Writer) -> T:
         return result
     finally:
         steps.close()
+
+
+def _writes(request: m.Request) -> list[m.ApplyItem] | None:
+    """The writes of ``request`` an ``Apply`` can carry (None: it cannot)."""
+    if isinstance(request, m.Apply):
+        return list(request.items)
+    if isinstance(request, m.ApplyItem):
+        return [request]
+    return None
+
+
+def together(*steps: Steps[Any]) -> Steps[list[Any]]:
+    """Run ``steps`` side by side, to the results of each (in order): the
+    writes they ask for at the same time go as one ``Apply`` (one round
+    trip), each step sent its own reply (an item the helper refused thrown in
+    as :class:`WriteRefused`), so independent steps cost one request per
+    turn. A request that is no write (a Discover, a read) goes alone first,
+    the others wait for it. What is thrown into the whole goes to every
+    step that waits."""
+    results: list[Any] = [None] * len(steps)
+    asks: dict[int, Ask] = {}
+
+    def advance(i: int, reply: m.Reply | None = None, exc: Exception | None = None) -> None:
+        try:
+            asks[i] = steps[i].throw(exc) if exc is not None else steps[i].send(reply)
+        except StopIteration as done:
+            asks.pop(i, None)
+            results[i] = done.value
+
+    try:
+        for i in range(len(steps)):
+            advance(i)  # to its first ask
+        while asks:
+            alone = [i for i, a in asks.items() if _writes(a.request) is None][:1]
+            waiting = alone or sorted(asks)
+            parts = {i: _writes(asks[i].request) or [] for i in waiting}
+            items = [item for i in waiting for item in parts[i]]
+            timeouts = [asks[i].timeout for i in waiting if asks[i].timeout is not None]
+            timeout = min(timeouts) if timeouts else None
+            if len(waiting) == 1:
+                batch = asks[waiting[0]]  # as the step asked
+            elif len(items) == 1:
+                batch = Ask(items[0], timeout)
+            else:
+                batch = Ask(m.Apply(items=items), timeout)
+            try:
+                reply = yield batch
+            except (WriterUnavailable, WriteRefused) as exc:
+                for i in waiting:
+                    advance(i, exc=exc)
+                continue
+            if len(waiting) == 1:
+                advance(waiting[0], reply)
+                continue
+            replies = reply.replies if isinstance(reply, m.ApplyReply) else []
+            at = 0
+            for i in waiting:
+                mine = list(replies[at : at + len(parts[i])])
+                at += len(parts[i])
+                answer = _answer(asks[i], mine)
+                if isinstance(answer, WriteRefused):
+                    advance(i, exc=answer)
+                else:
+                    advance(i, answer)
+        return results
+    finally:
+        for s in steps:
+            s.close()
+
+
+def _answer(ask: Ask, replies: list[m.ApplyItemReply]) -> m.Reply | WriteRefused:
+    """The reply of ``ask`` out of its items' ``replies`` (or its refusal)."""
+    if isinstance(ask.request, m.Apply):
+        return m.ApplyReply(replies=replies)
+    if len(replies) != 1:
+        return WriteRefused(f"no reply to {type(ask.request).__name__}")
+    if isinstance(replies[0], m.ErrorReply):
+        return refused(replies[0])
+    return replies[0]
+
+
+def item_replies(reply: m.Reply, count: int) -> list[m.Reply | WriteRefused]:
+    """The replies of an ``Apply`` of ``count`` items, each refused one as
+    :class:`WriteRefused` (a reply of another shape: every item refused)."""
+    if not isinstance(reply, m.ApplyReply) or len(reply.replies) != count:
+        return [WriteRefused(f"unexpected reply {type(reply).__name__}")] * count
+    return [refused(r) if isinstance(r, m.ErrorReply) else r for r in reply.replies]

@@ -183,6 +183,9 @@ class SstProgramming(PctState):
                 "pct: PrepareManagedMode: SST already in managed state on %d punit(s); kept as is",
                 reply.punits,
             )
+            # believed again only as the re-association answers (every CPU is
+            # pending; none is skipped as held)
+            self.known = {}
         for pu in self.punits:  # TFEnable (where the level supports it)
             pu.tf_enabled = pu.tf_supported
         by_clos: dict[int, Plan] = {}

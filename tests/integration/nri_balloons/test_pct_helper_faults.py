@@ -97,7 +97,7 @@ async def test_helper_away_never_blocks_the_event_loop(fault: str) -> None:
         if fault == "SIGSTOP" or within:
             assert within and int(within.group(1)) <= REPLY_BUDGET * 1000, why
         else:
-            assert why.endswith(" not connected (AssociateCpus)"), why
+            assert why.endswith(" not connected (Apply)"), why  # the decision's one request
         if fault == "SIGSTOP":
             n.helper.proc.send_signal(signal.SIGCONT)
         else:

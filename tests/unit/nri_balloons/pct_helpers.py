@@ -99,6 +99,9 @@ class InProcessHelper:
         self.tamper: Callable[[m.Request, m.Reply], m.Reply] | None = None
         """rewrites replies (a test's hostile helper)"""
         self.sent: list[m.Request] = []
+        self.batches = True
+        """False: an older helper, without the ``apply`` capability (each
+        write is a request of its own)"""
         self.watch = 0
         """CPUs whose CLOS is recorded in ``seen`` after every request"""
         self.seen: list[dict[int, int]] = []
@@ -147,8 +150,11 @@ class InProcessHelper:
             sent = m.decode_request(frames[2])
             if not isinstance(sent, m.Hello):
                 self.sent.append(sent)
-                if type(sent) in self.refuse:
-                    raise WriteRefused(f"hardware-error: {type(sent).__name__} refused by the test")
+                refused = [r for r in getattr(sent, "items", [sent]) if type(r) in self.refuse]
+                if refused:  # an Apply with one: refused whole (each is then sent alone)
+                    raise WriteRefused(
+                        f"hardware-error: {type(refused[0]).__name__} refused by the test"
+                    )
             reply = self.handler.handle(frames[2], self.peer)
             if self.watch:
                 self.seen.append(self.clos(self.watch))
@@ -168,6 +174,12 @@ class InProcessHelper:
         if self.gate is not None:
             await self.gate.wait()
         return self.request(req, timeout)
+
+    def supports(self, capability: str) -> bool:
+        if capability == "apply" and not self.batches:
+            return False
+        hello = self.session.hello
+        return hello is not None and capability in hello.capabilities
 
     def close(self) -> None:
         self.session.lost()

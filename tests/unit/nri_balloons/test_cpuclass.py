@@ -75,6 +75,9 @@ class Recorder:
     async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         return self.request(request, timeout)
 
+    def supports(self, capability: str) -> bool:
+        return False  # as an older helper: each write its own request
+
     def close(self) -> None:
         pass
 

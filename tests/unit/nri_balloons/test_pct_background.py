@@ -15,7 +15,7 @@ from nri_balloons.configyaml import load_policy
 from nri_balloons.extres import extended_resources
 from nri_balloons.pct import DISCOVER_TIMEOUT
 from nri_balloons.policy import BalloonsPolicy
-from nri_balloons.sstlink import Budget, Wait, exchange
+from nri_balloons.sstlink import Budget, Wait
 from nri_balloons.validation import validate
 from nri_framework import cpuset
 from nri_framework.topology import Topology
@@ -29,6 +29,7 @@ from pct_helpers import (
     ASSOC_ONLY,
     SPEC,
     InProcessHelper,
+    admit,
     disabled_cstates,
     host_root,
     make,
@@ -42,6 +43,7 @@ def test_reply_path_waits_at_most_its_budget() -> None:
     the 100 ms budget (injected clock: a helper that takes 60 ms per answer),
     however many requests the decision needs; the rest is applied later."""
     policy, helper = make()
+    helper.batches = False  # an older helper: each write its own request
     helper.latency = 0.06
     handler = policy.cpu_classes
     start = helper.clock.now
@@ -58,11 +60,28 @@ def test_reply_path_waits_at_most_its_budget() -> None:
     assert not handler.unsettled()
 
 
+def test_one_request_per_decision_fits_where_two_did_not() -> None:
+    """The decision of the test above in one round trip (an ``Apply``: the
+    association and the C-states together): 60 ms, within the budget."""
+    policy, helper = make()
+    helper.latency = 0.06
+    start = helper.clock.now
+    helper.sent.clear()
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None
+    assert policy.cpu_classes.commit(Wait(budget=Budget(0.1, helper.clock)))
+    assert helper.clock.now - start == pytest.approx(0.06)
+    assert [type(r) for r in helper.sent] == [m.Apply]
+    assert set(helper.clos(bln.cpus).values()) == {0}
+    assert disabled_cstates(cpuset.ids(bln.cpus)[0]) == {"C6", "C6P"}
+    assert not policy.cpu_classes.unsettled()
+
+
 def test_decisions_between_two_background_requests_are_kept() -> None:
     """The plugin's background awaits each request; hooks run meanwhile and
-    only record decisions. Those recorded between two requests of a commit
-    (its association, its C-states) are not lost when it ends: the next
-    commit applies them."""
+    only record decisions. Those recorded while a request of a commit is
+    answered (its one ``Apply``: the association and the C-states) are not
+    lost when it ends: the next commit applies them."""
     policy, helper = make()
     handler = policy.cpu_classes
     first = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
@@ -72,7 +91,7 @@ def test_decisions_between_two_background_requests_are_kept() -> None:
     ask = next(steps)
     try:
         while True:
-            if isinstance(ask.request, m.AssociateCpus | m.SetCstates):
+            if isinstance(ask.request, m.AssociateCpus | m.SetCstates | m.Apply):
                 # the background awaits the helper's answer; a hook meanwhile
                 bln = policy.allocate(*pod(f"pct-hp-{len(later) + 2}", 2, "hp-bln"))
                 assert bln is not None
@@ -80,7 +99,7 @@ def test_decisions_between_two_background_requests_are_kept() -> None:
             ask = steps.send(helper.request(ask.request, ask.timeout))
     except StopIteration as done:
         assert done.value is True
-    assert len(later) == 2
+    assert len(later) == 1
     assert handler.unsettled()  # the hooks' decisions wait for the next commit
     assert handler.commit()
     assert not handler.unsettled()
@@ -236,6 +255,7 @@ def test_the_wait_given_to_a_call_is_the_one_its_requests_get() -> None:
     DISCOVER_TIMEOUT), a later call without one the writer's default, and a
     call's budget caps each of its requests at what is left of it."""
     helper = TimedHelper()
+    helper.batches = False  # an older helper: each write its own request, each capped
     topo = Topology.from_sysfs(str(helper.root))
     policy = BalloonsPolicy(topo, str(helper.root), writer=helper)
     policy.set_config(prepared_spec(topo), Wait(timeout=0.25))
@@ -252,7 +272,7 @@ def test_the_wait_given_to_a_call_is_the_one_its_requests_get() -> None:
     policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
     assert policy.cpu_classes.commit(Wait(timeout=0.5, budget=Budget(0.1, helper.clock)))
     timeouts = [t for _, t in helper.timeouts]
-    assert len(timeouts) >= 3
+    assert len(timeouts) >= 2  # the HP association and its C-states
     left = 0.1
     for t in timeouts:  # each capped at what the call's budget has left
         assert t == pytest.approx(min(0.5, left))
@@ -269,13 +289,121 @@ def test_two_flushes_keep_their_own_timeouts() -> None:
     policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
     policy.allocate(*pod("pct-lp-1", 2, "lp-bln"))
     first = pct.flush_steps(0.5)
-    ask = next(first)
+    ask = next(first)  # its one request
     assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
-    reply = helper.request(ask.request, ask.timeout)
     policy.allocate(*pod("pct-hp-2", 2, "hp-bln"))
-    assert exchange(pct.flush_steps(None), helper) is True  # another flush, start to end
-    ask = first.send(reply)
-    assert isinstance(ask.request, m.AssociateCpus) and ask.timeout == 0.5
+    second = pct.flush_steps(None)  # another flush, start to end, meanwhile
+    other = next(second)
+    assert other.timeout is None
+    with pytest.raises(StopIteration) as ended:
+        second.send(helper.request(other.request, other.timeout))
+    assert ended.value.value is True
+    assert ask.timeout == 0.5
     with pytest.raises(StopIteration) as done:
         first.send(helper.request(ask.request, ask.timeout))
     assert done.value.value is True
+
+
+def irq_spec() -> str:
+    """The spec, its HP balloons claiming ttyS0 and rtc0 (so a decision needs
+    an association, C-states and IRQ affinities)."""
+    text = SPEC.read_text()
+    return text.replace(
+        "    preferNewBalloons: true\n",
+        '    preferNewBalloons: true\n    irqClaim: ["*ttyS0*", "*rtc0*"]\n',
+        1,
+    )
+
+
+@pytest.mark.parametrize("batches", [True, False], ids=["apply", "older helper"])
+def test_a_pct_create_is_one_helper_round_trip(batches: bool) -> None:
+    """Through the plugin's hooks: each HP pod's CreateContainer and its
+    StopContainer ask the helper once (an ``Apply`` with the association to
+    CLOS 0, the C-states and the IRQ affinities); an older helper (no
+    ``apply`` capability) gets the same writes one by one, with the same
+    result."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    helper.batches = batches
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    try:
+        plugin.apply(plugin.prepare(irq_spec(), "spec"))
+        handler.pct.hold = False  # as after the runtime's Synchronize
+        assert handler.commit()
+        for i in range(3):
+            p, c = pod(f"pct-hp-{i}", 2, "hp-bln")
+            helper.sent.clear()
+            plugin.nri_create_container(p, c)
+            writes = [type(w) for r in helper.sent for w in getattr(r, "items", [r])]
+            assert sorted(t.__name__ for t in writes) == [
+                "AssociateCpus",
+                "SetCstates",
+                "SetIrqAffinity",
+            ]
+            assert [type(r) for r in helper.sent] == ([m.Apply] if batches else writes)
+            bln = next(b for b in plugin.policy.balloons if c.id in b.members)
+            assert set(helper.clos(bln.cpus).values()) == {0}
+            assert all(disabled_cstates(x) == {"C6", "C6P"} for x in cpuset.ids(bln.cpus))
+            assert not handler.unsettled() and not plugin.irq.unsettled()
+        helper.sent.clear()
+        plugin.nri_stop_container(p, c)
+        assert len(helper.sent) == (1 if batches else 3)
+    finally:
+        plugin.policy_shutdown()
+
+
+def test_nothing_is_sent_for_cores_already_on_their_clos() -> None:
+    """An LP pod on idle CPUs: they are on CLOS 3 already (the helper said
+    so) and its class writes nothing else, so its decision asks the helper
+    nothing, nor does its release; an HP pod's moves cores to CLOS 0."""
+    policy, helper = make()
+    helper.sent.clear()
+    lp = admit(policy, "pct-lp", 4, "lp-bln")
+    assert helper.sent == []
+    assert set(helper.clos(lp).values()) == {3}
+    policy.release("ctr-pct-lp")
+    assert policy.cpu_classes.commit()
+    assert helper.sent == []
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    writes = [w for r in helper.sent for w in getattr(r, "items", [r])]
+    assert [w for w in writes if isinstance(w, m.AssociateCpus)] == [
+        m.AssociateCpus(clos=0, cpus=cpuset.ids(hp))
+    ]
+
+
+def test_a_write_refused_in_an_apply_loses_none_of_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The helper refuses an ``Apply`` whole when one write is invalid: the
+    plugin then sends its writes one by one, so the association still goes
+    through and only the refused write is logged."""
+    policy, helper = make()
+    helper.refuse = {m.SetCstates}
+    helper.sent.clear()
+    hp = admit(policy, "pct-hp-1", 2, "hp-bln")
+    assert [type(r) for r in helper.sent] == [m.Apply, m.AssociateCpus, m.SetCstates]
+    assert set(helper.clos(hp).values()) == {0}
+    assert policy.cpu_classes.pct.clos_of(cpuset.ids(hp)[0]) == 0
+    assert any(x.startswith("cpuclass: C-states of CPUs") for x in caplog.messages)
+
+
+def test_a_short_apply_reply_is_not_believed() -> None:
+    """A helper answering an ``Apply`` with fewer replies than items: none of
+    its writes counts as done (the CLOS of those cores is not claimed)."""
+    policy, helper = make()
+    helper.tamper = lambda req, reply: (
+        m.ApplyReply(replies=[]) if isinstance(req, m.Apply) else reply
+    )
+    bln = policy.allocate(*pod("pct-hp-1", 2, "hp-bln"))
+    assert bln is not None
+    policy.cpu_classes.commit()
+    pct = policy.cpu_classes.pct
+    assert all(pct.clos_of(c) is None for c in cpuset.ids(bln.cpus))
+    written = policy.cpu_classes.written[cpuset.ids(bln.cpus)[0]]
+    assert written.cstates != ("C6", "C6P")  # its C-states are not taken as written

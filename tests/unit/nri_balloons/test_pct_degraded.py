@@ -15,6 +15,7 @@ from nri_balloons.configyaml import load_policy
 from nri_balloons.extres import extended_resources
 from nri_balloons.pct import Hints
 from nri_balloons.policy import BalloonsPolicy
+from nri_balloons.sstlink import exchange
 from nri_balloons.validation import validate
 from nri_framework import cpuset
 from nri_framework.topology import Topology
@@ -71,6 +72,9 @@ def test_restarted_helper_is_programmed_again(caplog: pytest.LogCaptureFixture) 
     helper.restart()  # a new helper: SST as the BIOS left it (CP off, all CLOS 0)
     assert not helper.punit_state()[0].cp.enabled
     caplog.set_level(logging.INFO, logger="cpuclass")
+    # the LP pod's CPUs are on CLOS 3 as far as the plugin knows: its decision
+    # sends nothing; the plugin's probe notices the new helper
+    assert exchange(policy.cpu_classes.pct.probe_steps(), helper)
     lp = admit(policy, "pct-lp", 8, "lp-bln")
     assert "pct: SST helper reconnected; programming SST state again" in caplog.messages
     assert all(pu.cp.enabled and pu.tf.enabled for pu in helper.punit_state())
@@ -179,6 +183,7 @@ def test_restarted_helper_keeps_what_sst_holds_for_the_same_plan(
     helper.sent.clear()
     helper.watch = policy.allowed & ~hp
     caplog.set_level(logging.INFO, logger="cpuclass")
+    assert exchange(policy.cpu_classes.pct.probe_steps(), helper)  # the plugin's probe
     lp = admit(policy, "pct-lp", 8, "lp-bln")
     assert "pct: SST helper reconnected; programming SST state again" in caplog.messages
     assert prepares(helper) == [m.PrepareManagedMode(keep_programmed=True)]
@@ -196,7 +201,8 @@ def test_restarted_helper_keeps_what_sst_holds_for_the_same_plan(
     clos = helper.clos(policy.allowed)
     assert {c for c, k in clos.items() if k == 0} == set(cpuset.ids(hp))
     assert all(clos[c] == 3 for c in cpuset.ids(lp))
-    reassociated = set().union(*(r.cpus for r in helper.sent if isinstance(r, m.AssociateCpus)))
+    writes = [w for r in helper.sent for w in (r.items if isinstance(r, m.Apply) else [r])]
+    reassociated = set().union(*(r.cpus for r in writes if isinstance(r, m.AssociateCpus)))
     assert reassociated == set(cpuset.ids(policy.allowed))
 
 

@@ -233,17 +233,17 @@ def test_a_refused_association_leaves_the_clos_unknown(
     policy, helper = make16(root16)
     hp = admit(policy, "hp", 1, "hp-bln")
     helper.refuse = {m.AssociateCpus}
-    lp = admit(policy, "lp", 1, "lp-bln")
+    other = admit(policy, "hp2", 1, "hp-bln")  # cores that move to CLOS 0 (an LP pod's would not)
     assert any(x.startswith("cpuclass: pct failed to apply class on CPUs") for x in caplog.messages)
     pct = policy.cpu_classes.pct
-    unknown = policy.topology.siblings(lp)
+    unknown = policy.topology.siblings(other)
     assert all(pct.clos_of(c) is None for c in cpuset.ids(unknown))
     state = inspect(policy)
     assert state is not None
     assert all("clos" not in r for r in state["cpus"] if unknown >> r["cpu"] & 1)
     assert all(pct.clos_of(c) == 0 for c in cpuset.ids(policy.topology.siblings(hp)))
     helper.refuse = set()
-    policy.release("ctr-lp")
+    policy.release("ctr-hp2")
     assert policy.cpu_classes.commit()
     assert assert_views_agree(policy, helper) == []
 
@@ -274,7 +274,7 @@ def test_dead_helper_shows_no_clos_until_every_core_is_associated_again(root16: 
     policy, helper = make16(root16)
     admit(policy, "hp", 1, "hp-bln")
     helper.down = True
-    bln = policy.allocate(*pod("lp", 1, "lp-bln"))
+    bln = policy.allocate(*pod("hp2", 1, "hp-bln"))  # an association to send
     assert bln is not None and not policy.cpu_classes.commit()
     state = inspect(policy)
     assert state is not None and not any("clos" in row for row in state["cpus"])

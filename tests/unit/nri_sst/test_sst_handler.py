@@ -271,3 +271,67 @@ def test_other_clients_never_end_an_active_session(small_root: Path) -> None:
     h.forget(b"plugin")  # its connection closed
     err = m.decode_reply(h.handle(m.encode(m.TFStatus()), b"plugin"))
     assert isinstance(err, m.ErrorReply) and err.code == "handshake-required"
+
+
+def test_an_item_the_hardware_refuses_is_its_own_error_and_the_rest_is_written(
+    small_root: Path,
+) -> None:
+    """An ``Apply`` validated whole: one write the kernel then refuses (a
+    stand-in for the sim's ``/proc/irq``, ours: it refuses irq 8 as a kernel
+    may with EIO) is that item's ErrorReply; the items after it are written."""
+    from nri_sst.interrupts import IrqWriteError
+
+    h = fresh_handler(small_root)
+    real = h.interrupts.set_affinity
+
+    def set_affinity(irq: int, cpus: list[int]) -> list[int]:
+        if irq == 8:
+            raise IrqWriteError("irq 8: Input/output error")
+        return real(irq, cpus)
+
+    h.interrupts.set_affinity = set_affinity  # type: ignore[method-assign]
+    reply = m.decode_reply(
+        h.handle(
+            m.encode(
+                m.Apply(
+                    items=[
+                        m.SetIrqAffinity(groups=[m.IrqGroup(irqs=[8], cpus=[2])]),
+                        m.AssociateCpus(clos=3, cpus=[2]),
+                        m.SetIrqAffinity(groups=[m.IrqGroup(irqs=[4], cpus=[2])]),
+                    ]
+                )
+            ),
+            b"fuzz",
+        )
+    )
+    assert isinstance(reply, m.ApplyReply), reply
+    refused, associated, written = reply.replies
+    assert isinstance(refused, m.ErrorReply) and refused.code == "hardware-error"
+    assert isinstance(associated, m.AssociateCpusReply) and 2 in associated.cpus
+    assert written == m.SetIrqAffinityReply(affinities={4: [2]})
+    got = h.dispatch(m.GetAssociation(cpus=[2]), b"fuzz")
+    assert got == m.GetAssociationReply(clos={2: 3})
+
+
+def test_an_apply_is_validated_whole_before_anything_is_written(small_root: Path) -> None:
+    h = fresh_handler(small_root)
+    before = h.dispatch(m.GetAssociation(cpus=[2]), b"fuzz")
+    reply = m.decode_reply(
+        h.handle(
+            m.encode(
+                m.Apply(
+                    items=[
+                        m.AssociateCpus(clos=3, cpus=[2]),
+                        m.SetCstates(cpus=[2], disabled=["C6"]),
+                        m.SetUncore(package=0, die=0, min_khz=10**9),
+                    ]
+                )
+            ),
+            b"fuzz",
+        )
+    )
+    assert isinstance(reply, m.ErrorReply) and reply.code == "invalid-argument", reply
+    assert reply.message.startswith("apply: item 2 (SetUncore): ")
+    assert h.dispatch(m.GetAssociation(cpus=[2]), b"fuzz") == before
+    states = list((small_root / "sys/devices/system/cpu/cpu2/cpuidle").glob("state*"))
+    assert states and all((s / "disable").read_text().strip() == "0" for s in states)

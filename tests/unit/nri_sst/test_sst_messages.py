@@ -26,6 +26,15 @@ REQUESTS: list[m.Request] = [
     m.SetIrqAffinity(groups=[m.IrqGroup(irqs=[4, 8], cpus=[0, 1])]),
     m.ReadResctrl(),
     m.SetResctrl(groups=[m.ResctrlGroup(name="gold", schemata={"L3": {0: 0xFF}})], force=True),
+    m.Apply(
+        items=[
+            m.AssociateCpus(clos=0, cpus=[2, 3]),
+            m.SetCpufreq(cpus=[2], max_khz=3_000_000),
+            m.SetCstates(cpus=[2, 3], disabled=["C6"]),
+            m.SetUncore(package=0, die=0, min_khz=800_000),
+            m.SetIrqAffinity(groups=[m.IrqGroup(irqs=[24], cpus=[2])]),
+        ]
+    ),
 ]
 
 CLOS = m.ClosConfig(clos=0, min_khz=0, max_khz=25_500_000, proportional_priority=0)
@@ -91,6 +100,12 @@ REPLIES: list[m.Reply] = [
         managed=[],
     ),
     m.SetResctrlReply(groups=["gold"], removed=[]),
+    m.ApplyReply(
+        replies=[
+            m.AssociateCpusReply(clos=0, cpus=[2, 3]),
+            m.ErrorReply(code="hardware-error", message="EBUSY"),
+        ]
+    ),
     m.ErrorReply(code="invalid-argument", message="no"),
 ]
 

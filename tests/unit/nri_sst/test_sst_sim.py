@@ -316,3 +316,53 @@ def test_every_change_is_in_the_state_file_before_the_reply(
         again = RequestHandler(SimBackend(SMALL_SIM, state_file=state), small_root)
         again.peers.add(b"")
         assert again.dispatch(m.GetAssociation(cpus=[5])) == m.GetAssociationReply(clos={5: clos})
+
+
+def test_an_unchanged_association_leaves_the_state_file_until_idle(
+    small_root: Path, tmp_path: Path
+) -> None:
+    """An association to the CLOS a core is on already changes nothing the
+    hardware holds: the reply leaves without the state file written (its
+    log line and counters are saved when the helper is idle); a changed one
+    is written before the reply."""
+    from nri_sst import messages as m
+
+    state = tmp_path / "sim.json"
+    sim = SimBackend(SMALL_SIM, state_file=state)
+    h = RequestHandler(sim, small_root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    written = state.stat().st_mtime_ns, state.stat().st_ino
+    assert not sim.has_deferred()
+    h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    assert (state.stat().st_mtime_ns, state.stat().st_ino) == written
+    assert sim.has_deferred()
+    sim.idle()
+    assert json.loads(state.read_text())["log"][-1]["op"] == "clos-assoc"
+    assert not sim.has_deferred()
+    h.dispatch(m.AssociateCpus(clos=1, cpus=[5]))
+    again = RequestHandler(SimBackend(SMALL_SIM, state_file=state), small_root)  # kill -9 now
+    again.peers.add(b"")
+    assert again.dispatch(m.GetAssociation(cpus=[5])) == m.GetAssociationReply(clos={5: 1})
+
+
+def test_an_association_recomputes_what_a_whole_recompute_would(small_root: Path) -> None:
+    """After an association the frequency oracle recomputes only the punits
+    it changed: every CPU's figures are those of a whole recompute."""
+    from nri_sst import messages as m
+
+    sim = SimBackend(SMALL_SIM)
+    h = RequestHandler(sim, small_root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    h.dispatch(m.ConfigureClos(clos=3, min_khz=800_000, max_khz=1_600_000))
+    h.dispatch(m.EnableCP())
+    for clos, cpus in ((3, [0, 1, 2]), (0, [1]), (3, [9, 12])):
+        h.dispatch(m.AssociateCpus(clos=clos, cpus=cpus))
+        partial = [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)]
+        lows = list(sim.state["cpus"]["min_mhz"])
+        sim._stale = True  # the whole oracle, for comparison
+        assert [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)] == partial
+        assert sim.state["cpus"]["min_mhz"] == lows
+    assert len(set(partial)) > 1  # the associations did change frequencies

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from nri_sst import messages as m
 from nri_sst.backends.base import (
     MSR_APERF,
@@ -59,6 +61,11 @@ from nri_sst.resctrl import Resctrl, ResctrlError
 
 MODULES_PER_PUNIT_MAX = 64  # 4 CLOS_ASSOC registers x 16 cores (sst.md §1.9)
 LOG_LIMIT = 500
+VOLATILE = frozenset({"cpus", "clock", "log"})
+"""Parts of the state that are not what the hardware holds (the counters,
+the model's clock, the operation log): a change of them alone is saved when
+the helper is idle, not before the reply."""
+_json = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,11 @@ class SimBackend(Backend):
         self.sleep = sleep
         self._stale = False
         """A change made the frequency oracle stale (recomputed once, lazily)."""
+        self._stale_punits: set[tuple[int, int]] = set()
+        """Punits whose association changed: only their CPUs are recomputed."""
         self._unsaved = False
+        self._saved_hardware: bytes | None = None
+        """The hardware part of the state as last saved (None: never saved)."""
         c = self.config
         self._loc = [c.locate(cpu) for cpu in range(c.ncpus)]
         self._module_cpus = {
@@ -207,6 +218,7 @@ class SimBackend(Backend):
                     self.state["punits"]
                 ):
                     self.state = loaded
+                    self._saved_hardware = self._hardware()
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # a corrupt state file is replaced by the boot state
         self.state["clock"] = self.clock()
@@ -255,13 +267,20 @@ class SimBackend(Backend):
             "log": [],
         }
 
-    def save(self) -> None:
+    def _hardware(self) -> bytes:
+        """What the hardware holds (the state without :data:`VOLATILE`), encoded."""
+        return _json.encode({k: v for k, v in self.state.items() if k not in VOLATILE})
+
+    def save(self, hardware: bytes | None = None) -> None:
+        """The whole state to the state file (atomically: a new file renamed
+        over the old). ``hardware``: :meth:`_hardware` of it, when known."""
         self._unsaved = False
         if self.state_file is None:
             return
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        tmp.write_text(json.dumps(self.state, separators=(",", ":")))
+        tmp.write_bytes(_json.encode(self.state))
         os.replace(tmp, self.state_file)
+        self._saved_hardware = self._hardware() if hardware is None else hardware
 
     def _log(self, op: str, **fields: int | bool | str) -> None:
         log: list[dict[str, Any]] = self.state["log"]
@@ -312,13 +331,21 @@ class SimBackend(Backend):
         self._advance()
 
     def sync(self) -> None:
-        self._advance()
-        if self._stale:
+        if self._stale or self._stale_punits:
             self._recompute()
+        if self.state_file is None:
+            return
         # hardware keeps every write at once: so does the model, before the
         # reply leaves, or a helper killed right after answering would come
-        # back with SST the plugin was told it is not (about 0.1 ms on the 6776P)
-        self.save()
+        # back with SST the plugin was told it is not. A request that changed
+        # nothing the hardware holds (an association to the CLOS a core is on
+        # already, a cpufreq write: sysfs keeps those) leaves only counters
+        # and log lines, saved when idle.
+        hardware = self._hardware()
+        if hardware != self._saved_hardware:
+            self.save(hardware)
+        else:
+            self._unsaved = True
 
     def has_deferred(self) -> bool:
         return self._unsaved
@@ -466,17 +493,19 @@ class SimBackend(Backend):
         self._check_set()
         if len(assoc) > 64:
             raise _enotty("more than 64 commands")
-        self._advance()
-        try:
-            for core, clos in assoc:
-                if not 0 <= core < MODULES_PER_PUNIT_MAX or (
-                    self.config.strict and not 0 <= clos < 4
-                ):
-                    raise _enotty(f"assoc core {core} clos {clos}")
-                pu["assoc"][core] = clos & 0x3 if self.config.strict else clos & 0xF
-            self._log("clos-assoc", pkg=package, punit=punit, n=len(assoc))
-        finally:  # entries before a failing one stay applied (§1.1)
-            self._stale = True
+        held = pu["assoc"]
+        advanced = False
+        for core, clos in assoc:  # entries before a failing one stay applied (§1.1)
+            if not 0 <= core < MODULES_PER_PUNIT_MAX or (self.config.strict and not 0 <= clos < 4):
+                raise _enotty(f"assoc core {core} clos {clos}")
+            value = clos & 0x3 if self.config.strict else clos & 0xF
+            if held[core] != value:  # the same CLOS again changes no frequency
+                if not advanced:  # the counters to now, at the frequencies until now
+                    self._advance()
+                    advanced = True
+                held[core] = value
+                self._stale_punits.add((package, punit))
+        self._log("clos-assoc", pkg=package, punit=punit, n=len(assoc))
 
     def perf_set_feature(self, package: int, punit: int, feature: int) -> None:
         pu = self._punit(package, punit)
@@ -543,7 +572,7 @@ class SimBackend(Backend):
     def _advance(self) -> None:
         """Advance TSC/MPERF/APERF to now at the frequencies in effect since the
         last change (recomputed first when a change made them stale)."""
-        if self._stale:
+        if self._stale or self._stale_punits:
             self._recompute()
         now = self.clock()
         us = int((now - float(self.state["clock"])) * 1_000_000)
@@ -552,13 +581,13 @@ class SimBackend(Backend):
         self.state["clock"] = now
         cpus = self.state["cpus"]
         tsc_step = self.config.tsc_mhz * us
-        aperf, mperf, tsc = cpus["aperf"], cpus["mperf"], cpus["tsc"]
-        load, mhz = cpus["load"], cpus["max_mhz"]
-        for i in range(len(tsc)):
-            tsc[i] += tsc_step
-            busy = us * load[i]
-            mperf[i] += int(self.config.tsc_mhz * busy)
-            aperf[i] += int(mhz[i] * busy)
+        tsc_mhz = self.config.tsc_mhz
+        busy = [us * x for x in cpus["load"]]
+        cpus["tsc"] = [t + tsc_step for t in cpus["tsc"]]
+        cpus["mperf"] = [v + int(tsc_mhz * b) for v, b in zip(cpus["mperf"], busy, strict=True)]
+        cpus["aperf"] = [
+            v + int(f * b) for v, f, b in zip(cpus["aperf"], cpus["max_mhz"], busy, strict=True)
+        ]
 
     def tf_effective(self, package: int, punit: int) -> bool:
         """§5.5.11: TF status and CP enabled and ordered and turbo on."""
@@ -569,47 +598,51 @@ class SimBackend(Backend):
         )
 
     def _recompute(self) -> None:
-        """The frequency oracle (§5.5.12) for every CPU."""
+        """The frequency oracle (§5.5.12) for every CPU (after an association
+        change alone: for the CPUs of the punits it changed)."""
+        every = self._stale or not self._stale_punits
+        only, self._stale_punits = self._stale_punits, set()
         self._stale = False
         c = self.config
         cpus = self.state["cpus"]
         no_turbo = self.machine.no_turbo if self.machine is not None else False
-        per_punit: dict[tuple[int, int], tuple[bool, int | None, int]] = {}
         load = cpus["load"]
+        default = (c.cpuinfo_min_khz, c.cpuinfo_max_khz)
+        max_mhz, min_mhz, limits = cpus["max_mhz"], cpus["min_mhz"], self._limits
         for (pkg, pu_id), modules in self._module_cpus.items():
+            if not every and (pkg, pu_id) not in only:
+                continue
             pu = self._punit(pkg, pu_id)
             assoc = pu["assoc"]
-            hp = sum(1 for m in range(c.cores_per_punit) if assoc[m] == 0)
+            hp = assoc[: c.cores_per_punit].count(0)
             bucket = next((b for b, n in enumerate(c.tf_buckets) if hp <= n), None)
             active = sum(1 for threads in modules if any(load[t] > 0 for t in threads))
             trl = next(
                 (f for n, f in zip(c.trl_buckets, c.trl_mhz, strict=False) if active <= n),
                 c.trl_mhz[-1],
             )
-            per_punit[(pkg, pu_id)] = (self.tf_effective(pkg, pu_id), bucket, trl)
-        for cpu in range(c.ncpus):
-            pkg, pu_id, module, _ = self._loc[cpu]
-            pu = self.state["punits"][f"{pkg}/{pu_id}"]
-            smin, smax = self._limits.get(cpu, (c.cpuinfo_min_khz, c.cpuinfo_max_khz))
-            smin_mhz, smax_mhz = smin // 1000, smax // 1000
-            cap = smax_mhz
-            clos = pu["assoc"][module] & 0x3
-            clos_min = 0
-            if pu["cp_enable"]:
-                lo, hi, _ = pu["clos"][clos]
-                if hi:
-                    cap = min(cap, hi * 100)
-                clos_min = lo * 100
-            tf, bucket, trl = per_punit[(pkg, pu_id)]
-            if no_turbo:
-                limit = c.base_mhz
-            elif tf and bucket is not None:
-                limit = c.tf_mhz[bucket] if clos == 0 else c.lp_clip_mhz
-            else:
-                limit = trl
-            max_eff = min(cap, limit)
-            cpus["max_mhz"][cpu] = max_eff
-            cpus["min_mhz"][cpu] = min(max(smin_mhz, clos_min), max_eff)
+            tf = self.tf_effective(pkg, pu_id)
+            for module, threads in enumerate(modules):
+                clos = assoc[module] & 0x3
+                hi = clos_min = 0
+                if pu["cp_enable"]:
+                    lo, hi, _ = pu["clos"][clos]
+                    hi *= 100
+                    clos_min = lo * 100
+                if no_turbo:
+                    limit = c.base_mhz
+                elif tf and bucket is not None:
+                    limit = c.tf_mhz[bucket] if clos == 0 else c.lp_clip_mhz
+                else:
+                    limit = trl
+                for cpu in threads:
+                    smin, smax = limits.get(cpu, default)
+                    cap = smax // 1000
+                    if hi and hi < cap:
+                        cap = hi
+                    max_eff = min(cap, limit)
+                    max_mhz[cpu] = max_eff
+                    min_mhz[cpu] = min(max(smin // 1000, clos_min), max_eff)
 
     def _cpu_of(self, pkg: int, punit: int, module: int, thread: int) -> int:
         c = self.config
@@ -617,7 +650,7 @@ class SimBackend(Backend):
 
     def expected_mhz(self, cpu: int) -> int:
         """Bzy MHz under load (the oracle's ``max_mhz``)."""
-        if self._stale:
+        if self._stale or self._stale_punits:
             self._recompute()
         return int(self.state["cpus"]["max_mhz"][cpu])
 
