@@ -188,14 +188,14 @@ class ClosAssociation(PctState):
         except BaseException:  # unavailable, or the steps were abandoned
             self.pending |= functools.reduce(operator.or_, by_clos.values(), 0)
             raise
-        for clos, reply in zip(order, replies, strict=True):
+        for clos, answer in zip(order, replies, strict=True):
             mask = by_clos[clos]
             text = cpuset.format(mask)
-            if not isinstance(reply, m.AssociateCpusReply) or reply.clos != clos:
-                exc = (
-                    reply
-                    if isinstance(reply, WriteRefused)
-                    else WriteRefused(f"unexpected reply {type(reply).__name__}")
+            if not isinstance(answer, m.AssociateCpusReply) or answer.clos != clos:
+                why = (
+                    answer
+                    if isinstance(answer, WriteRefused)
+                    else WriteRefused(f"unexpected reply {type(answer).__name__}")
                 )
                 self._unlearn(mask)
                 log.warning(
@@ -204,10 +204,10 @@ class ClosAssociation(PctState):
                     text,
                     text,
                     clos,
-                    exc,
+                    why,
                 )
                 continue
-            self._learn(mask, clos, reply)
+            self._learn(mask, clos, answer)
             log.debug("pct: associated cpus %s to CLOS %d", text, clos)
 
     def _holds(self, clos: int, mask: int) -> bool:

@@ -419,9 +419,9 @@ class CpuClassHandler:
         except BaseException:  # the steps were abandoned
             self.dirty |= batch
             raise
-        for i, (req, reply) in enumerate(zip(plan.requests, replies, strict=True)):
-            if isinstance(reply, WriteRefused):
-                log.error("cpuclass: %s refused: %s", _describe(req), reply)
+        for i, (req, answer) in enumerate(zip(plan.requests, replies, strict=True)):
+            if isinstance(answer, WriteRefused):
+                log.error("cpuclass: %s refused: %s", _describe(req), answer)
                 continue
             self.requests_sent += 1
             for cpu, done in plan.done[i]:

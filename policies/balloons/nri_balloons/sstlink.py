@@ -360,7 +360,12 @@ def together(*steps: Steps[Any]) -> Steps[list[Any]]:
 
     def advance(i: int, reply: m.Reply | None = None, exc: Exception | None = None) -> None:
         try:
-            asks[i] = steps[i].throw(exc) if exc is not None else steps[i].send(reply)
+            if exc is not None:
+                asks[i] = steps[i].throw(exc)
+            elif reply is None:
+                asks[i] = next(steps[i])
+            else:
+                asks[i] = steps[i].send(reply)
         except StopIteration as done:
             asks.pop(i, None)
             results[i] = done.value
@@ -373,7 +378,7 @@ def together(*steps: Steps[Any]) -> Steps[list[Any]]:
             waiting = alone or sorted(asks)
             parts = {i: _writes(asks[i].request) or [] for i in waiting}
             items = [item for i in waiting for item in parts[i]]
-            timeouts = [asks[i].timeout for i in waiting if asks[i].timeout is not None]
+            timeouts = [t for i in waiting if (t := asks[i].timeout) is not None]
             timeout = min(timeouts) if timeouts else None
             if len(waiting) == 1:
                 batch = asks[waiting[0]]  # as the step asked
