@@ -38,6 +38,7 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from nri_framework import cpuset
@@ -283,6 +284,23 @@ class _Request:
         return f"{kind} workload<{self.name or 'ID:#' + self.id}{size}>"
 
 
+def _created(r: _Request) -> int:
+    return r.created
+
+
+def _allocation(r: _Request) -> MemoryAllocation:
+    return MemoryAllocation(
+        id=r.id,
+        name=r.name,
+        limit=r.limit,
+        affinity=cpuset.format(r.affinity),
+        types=format_types(r.types),
+        priority=r.priority,
+        zone=cpuset.format(r.zone),
+        created=r.created,
+    )
+
+
 class MemoryAllocator:
     """libmem's ``Allocator`` over the memory nodes of ``topology``."""
 
@@ -297,6 +315,8 @@ class MemoryAllocator:
         self.nodes = cpuset.from_ids(self.capacity)
         self.requests: dict[str, _Request] = {}
         self._created = 0
+        self._exported: dict[str, tuple[tuple[Any, ...], MemoryAllocation]] = {}
+        """request id -> its fields and their export, as last exported"""
 
     # -- zones ---------------------------------------------------------------------
 
@@ -511,19 +531,20 @@ class MemoryAllocator:
     # -- saved state ---------------------------------------------------------------
 
     def export(self) -> list[MemoryAllocation]:
-        return [
-            MemoryAllocation(
-                id=r.id,
-                name=r.name,
-                limit=r.limit,
-                affinity=cpuset.format(r.affinity),
-                types=format_types(r.types),
-                priority=r.priority,
-                zone=cpuset.format(r.zone),
-                created=r.created,
-            )
-            for r in sorted(self.requests.values(), key=lambda r: r.created)
-        ]
+        """Every allocation, oldest first. An allocation that did not change
+        since the last export is not formatted again (each decision exports)."""
+        before = self._exported
+        now: dict[str, tuple[tuple[Any, ...], MemoryAllocation]] = {}
+        out = []
+        for r in sorted(self.requests.values(), key=_created):
+            key = (r.name, r.limit, r.affinity, r.types, r.priority, r.zone, r.created)
+            kept = before.get(r.id)
+            if kept is None or kept[0] != key:
+                kept = (key, _allocation(r))
+            now[r.id] = kept
+            out.append(kept[1])
+        self._exported = now
+        return out
 
     def restore(self, saved: Iterable[MemoryAllocation], alive: set[str]) -> list[str]:
         """Take the allocations ``saved`` (by :meth:`export`) of the requests in
