@@ -5,9 +5,13 @@ pinning from scratch would give them."""
 
 from __future__ import annotations
 
+import contextlib
+import random
+
 from nri_balloons import annotations as ann
+from nri_balloons.balloon import Member
 from nri_balloons.configyaml import load_policy
-from nri_balloons.memzones import MemoryAllocator, Priority, parse_types
+from nri_balloons.memzones import MemoryAllocator, MemoryPlacementError, Priority, parse_types
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate
 from nri_framework import cpuset
@@ -107,3 +111,63 @@ def test_an_allocation_exported_again_shows_its_new_zone() -> None:
     assert {m.id: m.zone for m in a.export()} == {"small": "2-3", "big": "2"}
     a.release("small")
     assert [m.id for m in a.export()] == ["big"]
+
+
+def test_the_allocators_zone_accounting_follows_every_change() -> None:
+    """Zone usage is kept as requests come, move, fail and go (not summed over
+    every request per allocation): it equals the sum over the requests after
+    each step of a seeded random sequence."""
+    a = MemoryAllocator(topology(N6_HBM_CXL))
+    rnd = random.Random(14)
+    zones = (0b1, 0b10, 0b100, 0b1100, 0b10001, 0b111111)
+    types = [parse_types(t) for t in ("hbm", "dram", "pmem", "hbm,dram")]
+    live: list[str] = []
+    for step in range(300):
+        op = rnd.random()
+        if op < 0.55 or not live:
+            rid = f"r{step}"
+            limit = rnd.choice((0, 100, 300, 700, 1500, 9000)) * M
+            prio = rnd.choice((Priority.BURSTABLE, Priority.GUARANTEED))
+            try:
+                a.allocate(rid, rid, limit, rnd.choice(zones[:3]), rnd.choice(types), prio)
+                live.append(rid)
+            except MemoryPlacementError:
+                pass
+        elif op < 0.75:
+            rid = rnd.choice(live)
+            with contextlib.suppress(MemoryPlacementError):
+                a.realloc(rid, rnd.choice(zones), rnd.choice(types))
+        else:
+            rid = live.pop(rnd.randrange(len(live)))
+            assert a.release(rid)
+        for z in (*zones, 0b1111, 0b110000):
+            want = sum(r.limit for r in a.requests.values() if r.zone and not r.zone & ~z)
+            assert a.zone_usage(z) == want, (step, z)
+
+
+def test_a_balloons_requested_follows_its_members() -> None:
+    """``Balloon.requested`` is kept as members come and go (not summed per
+    question): it equals the sum of their requests after each change."""
+    from nri_balloons.balloon import Balloon
+
+    p = policy(N4C16, TWO)
+    bln = Balloon(bdef=p.types["a"], instance=0, members={"x": member("x", 100)})
+    ms = bln.members
+    ms["y"] = member("y", 250)
+    ms["x"] = member("x", 400)  # replaced
+    assert bln.requested == 650
+    assert ms.pop("y").request == 250 and ms.pop("y", None) is None
+    ms.update({"z": member("z", 7)}, w=member("w", 3))
+    del ms["z"]
+    ms.setdefault("v", member("v", 20))
+    assert bln.requested == sum(m.request for m in ms.values()) == 423
+    ms.popitem()
+    assert bln.requested == sum(m.request for m in ms.values())
+    ms.clear()
+    assert bln.requested == 0
+
+
+def member(cid: str, request: int) -> Member:
+    return Member(
+        id=cid, pod_id="p", namespace="ns", pod_name="p", name=cid, request=request, limit=0
+    )
