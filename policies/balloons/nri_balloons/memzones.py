@@ -38,7 +38,6 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 from nri_framework import cpuset
@@ -284,7 +283,7 @@ class _Request:
         return f"{kind} workload<{self.name or 'ID:#' + self.id}{size}>"
 
 
-def _created(r: _Request) -> int:
+def _created(r: _Request | MemoryAllocation) -> int:
     return r.created
 
 
@@ -315,8 +314,10 @@ class MemoryAllocator:
         self.nodes = cpuset.from_ids(self.capacity)
         self.requests: dict[str, _Request] = {}
         self._created = 0
-        self._exported: dict[str, tuple[tuple[Any, ...], MemoryAllocation]] = {}
-        """request id -> its fields and their export, as last exported"""
+        self._exported: dict[str, MemoryAllocation] = {}
+        """request id -> its export, oldest first, kept as requests change"""
+        self._exported_stale = False
+        """a request came out of order (restore): sort on the next export"""
         self._in_use: dict[int, list[int]] = {}
         """zone -> [requests, their limits] of the zones requests have (kept as
         they change: an allocation looks at zones, not at every request)"""
@@ -348,11 +349,16 @@ class MemoryAllocator:
     def _insert(self, r: _Request) -> None:
         self.requests[r.id] = r
         self._account(r, 1)
+        last = next(reversed(self._exported.values()), None)
+        if last is not None and last.created >= r.created:
+            self._exported_stale = True
+        self._exported[r.id] = _allocation(r)
 
     def _remove(self, request_id: str) -> _Request | None:
         r = self.requests.pop(request_id, None)
         if r is not None:
             self._account(r, -1)
+            self._exported.pop(request_id, None)
         return r
 
     def _set_zone(self, r: _Request, zone: int) -> None:
@@ -362,6 +368,7 @@ class MemoryAllocator:
         self._account(r, -1)
         r.zone = zone
         self._account(r, 1)
+        self._exported[r.id] = _allocation(r)
 
     def assigned(self, request_id: str) -> int | None:
         """The zone of ``request_id``; ``None`` when it has no allocation."""
@@ -456,6 +463,7 @@ class MemoryAllocator:
                 f"libmem: insufficient available memory: failed to reallocate: {exc}"
             ) from None
         req.types |= zone_types(self.topology, new)
+        self._exported[req.id] = _allocation(req)
         return req.zone, self._updates(request_id)
 
     def release(self, request_id: str) -> bool:
@@ -565,20 +573,13 @@ class MemoryAllocator:
     # -- saved state ---------------------------------------------------------------
 
     def export(self) -> list[MemoryAllocation]:
-        """Every allocation, oldest first. An allocation that did not change
-        since the last export is not formatted again (each decision exports)."""
-        before = self._exported
-        now: dict[str, tuple[tuple[Any, ...], MemoryAllocation]] = {}
-        out = []
-        for r in sorted(self.requests.values(), key=_created):
-            key = (r.name, r.limit, r.affinity, r.types, r.priority, r.zone, r.created)
-            kept = before.get(r.id)
-            if kept is None or kept[0] != key:
-                kept = (key, _allocation(r))
-            now[r.id] = kept
-            out.append(kept[1])
-        self._exported = now
-        return out
+        """Every allocation, oldest first (kept as they change: each decision
+        exports)."""
+        if self._exported_stale:
+            order = sorted(self._exported.values(), key=_created)
+            self._exported = {m.id: m for m in order}
+            self._exported_stale = False
+        return list(self._exported.values())
 
     def restore(self, saved: Iterable[MemoryAllocation], alive: set[str]) -> list[str]:
         """Take the allocations ``saved`` (by :meth:`export`) of the requests in

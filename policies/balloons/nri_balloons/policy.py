@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
@@ -643,7 +644,7 @@ class BalloonsPolicy:
                 and prev.balloon is bln
                 and prev.key == key
                 and prev.members == bln.members
-                and all(pod_of(pid) is pod for pid, pod in prev.pods)
+                and all(map(operator.is_, map(pod_of, prev.pod_ids), prev.pods))
             ):
                 pinned[id(bln)] = prev
                 out.update(prev.pins)
@@ -657,7 +658,8 @@ class BalloonsPolicy:
             for m in bln.members.values():
                 hide = opts.hide_hyperthreads
                 pod = pod_of(m.pod_id)
-                entry.pods.append((m.pod_id, pod))
+                entry.pod_ids.append(m.pod_id)
+                entry.pods.append(pod)
                 keep_mems = False
                 mem_type = None
                 if pod is not None:
@@ -743,7 +745,9 @@ class _PinnedBalloon:
     balloon: Balloon
     key: tuple[Any, ...]
     members: dict[str, Member]
-    pods: list[tuple[str, Pod | None]] = field(default_factory=list)
+    pod_ids: list[str] = field(default_factory=list)
+    pods: list[Pod | None] = field(default_factory=list)
+    """the pod of each member (of ``pod_ids``) as the pinning saw it"""
     annotations: dict[str, _MemberAnnotations] = field(default_factory=dict)
     allocated: dict[str, int] = field(default_factory=dict)
     pins: dict[str, tuple[str, str]] = field(default_factory=dict)

@@ -11,7 +11,13 @@ import random
 from nri_balloons import annotations as ann
 from nri_balloons.balloon import Member
 from nri_balloons.configyaml import load_policy
-from nri_balloons.memzones import MemoryAllocator, MemoryPlacementError, Priority, parse_types
+from nri_balloons.memzones import (
+    MemoryAllocator,
+    MemoryPlacementError,
+    Priority,
+    format_types,
+    parse_types,
+)
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import PreparedConfig, validate
 from nri_framework import cpuset
@@ -114,9 +120,9 @@ def test_an_allocation_exported_again_shows_its_new_zone() -> None:
 
 
 def test_the_allocators_zone_accounting_follows_every_change() -> None:
-    """Zone usage is kept as requests come, move, fail and go (not summed over
-    every request per allocation): it equals the sum over the requests after
-    each step of a seeded random sequence."""
+    """Zone usage and the export are kept as requests come, move, fail and go
+    (not computed over every request per allocation): after each step of a
+    seeded random sequence they are what the requests say."""
     a = MemoryAllocator(topology(N6_HBM_CXL))
     rnd = random.Random(14)
     zones = (0b1, 0b10, 0b100, 0b1100, 0b10001, 0b111111)
@@ -143,6 +149,11 @@ def test_the_allocators_zone_accounting_follows_every_change() -> None:
         for z in (*zones, 0b1111, 0b110000):
             want = sum(r.limit for r in a.requests.values() if r.zone and not r.zone & ~z)
             assert a.zone_usage(z) == want, (step, z)
+        # and the export, kept as requests change, is what they say now
+        fresh = sorted(a.requests.values(), key=lambda r: r.created)
+        assert [(m.id, m.zone, m.types) for m in a.export()] == [
+            (r.id, cpuset.format(r.zone), format_types(r.types)) for r in fresh
+        ], step
 
 
 def test_a_balloons_requested_follows_its_members() -> None:
@@ -171,3 +182,13 @@ def member(cid: str, request: int) -> Member:
     return Member(
         id=cid, pod_id="p", namespace="ns", pod_name="p", name=cid, request=request, limit=0
     )
+
+
+def test_allocations_restored_out_of_order_are_exported_oldest_first() -> None:
+    a = MemoryAllocator(topology(N6_HBM_CXL))
+    for rid in ("r1", "r2", "r3"):
+        a.allocate(rid, rid, 0, 0b1, (), Priority.BURSTABLE)
+    saved = a.export()
+    b = MemoryAllocator(topology(N6_HBM_CXL))
+    assert b.restore(list(reversed(saved)), {"r1", "r2", "r3"}) == []
+    assert [m.id for m in b.export()] == ["r1", "r2", "r3"]
