@@ -7,12 +7,17 @@ whose bit ``n`` stands for CPU (or NUMA node) ``n``; set algebra is ``|``,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 
 #: Ids a set may hold: 0 .. MAX_IDS - 1. Linux has at most 8192 CPUs
 #: (``NR_CPUS`` of ``MAXSMP``) and fewer NUMA nodes; a larger id is a typo or
 #: an attack, and building its mask would take memory in proportion to it.
 MAX_IDS = 8192
+#: Masks :func:`format` remembers (the most recently formatted): the balloons'
+#: and their memory nodes' sets with room to spare; bounded, since a set of
+#: MAX_IDS ids formats to kilobytes.
+FORMAT_CACHE = 512
 
 
 class CpusetError(ValueError):
@@ -68,8 +73,12 @@ def ranges(mask: int) -> Iterator[tuple[int, int]]:
         base += run
 
 
+@functools.lru_cache(maxsize=FORMAT_CACHE)
 def format(mask: int) -> str:
-    """Bitmask -> Linux list format (``"0-3,8"``); ``""`` for the empty set."""
+    """Bitmask -> Linux list format (``"0-3,8"``); ``""`` for the empty set.
+
+    Memoized (at most :data:`FORMAT_CACHE` masks): a decision formats the same
+    few balloon and node sets for each of its containers."""
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges(mask))
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from nri_framework import cpuset
@@ -30,6 +31,54 @@ class Member(msgspec.Struct):
         return f"{self.namespace}/{self.pod_name}/{self.name}"
 
 
+class Members(dict[str, Member]):
+    """A balloon's containers by id, with the sum of their requests kept as they
+    come and go (the fill chain asks every balloon's for each container)."""
+
+    def __init__(self, members: Mapping[str, Member] | None = None) -> None:
+        super().__init__()
+        self.requested = 0
+        """mCPU: the requests of the members"""
+        for cid, m in (members or {}).items():
+            self[cid] = m
+
+    def __setitem__(self, cid: str, member: Member) -> None:
+        old = self.get(cid)
+        if old is not None:
+            self.requested -= old.request
+        super().__setitem__(cid, member)
+        self.requested += member.request
+
+    def __delitem__(self, cid: str) -> None:
+        self.requested -= self[cid].request
+        super().__delitem__(cid)
+
+    def pop(self, cid: str, *default: Any) -> Any:
+        if cid in self:
+            member = super().pop(cid)
+            self.requested -= member.request
+            return member
+        return super().pop(cid, *default)
+
+    def popitem(self) -> tuple[str, Member]:
+        cid, member = super().popitem()
+        self.requested -= member.request
+        return cid, member
+
+    def clear(self) -> None:
+        super().clear()
+        self.requested = 0
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for cid, m in dict(*args, **kwargs).items():
+            self[cid] = m
+
+    def setdefault(self, cid: str, default: Member | None = None) -> Any:
+        if cid not in self and default is not None:
+            self[cid] = default
+        return self.get(cid, default)
+
+
 @dataclass
 class Balloon:
     """One instance of a balloon type."""
@@ -39,11 +88,15 @@ class Balloon:
     cpus: int = 0
     shared_idle: int = 0
     mems: int = 0
-    members: dict[str, Member] = field(default_factory=dict)
+    members: Members = field(default_factory=Members)
     groups: Counter[str] = field(default_factory=Counter)
     #: component balloons of a composite balloon (reference §7); its ``cpus``
     #: is their union. Components are not in the policy's balloon list.
     components: list[Balloon] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.members, Members):
+            self.members = Members(self.members)
 
     @property
     def name(self) -> str:
@@ -52,7 +105,7 @@ class Balloon:
     @property
     def requested(self) -> int:
         """Total requested mCPU of the containers in the balloon."""
-        return sum(m.request for m in self.members.values())
+        return self.members.requested
 
     @property
     def free_milli(self) -> int:

@@ -112,6 +112,9 @@ class MemoryPlacer:
         """container id -> the nodes it was last given (an overcommit moves it)"""
         self._sizes: dict[str, tuple[int, Priority]] = {}
         """container id -> (memory limit, priority) of a container not allocated yet"""
+        self.moves = 0
+        """allocations that moved other containers so far (a pinning computed
+        before one is stale)"""
 
     def note(self, container_id: str, limit: int, qos: QOSClass) -> None:
         """A new container's memory limit (bytes) and QoS class, for its first
@@ -214,6 +217,8 @@ class MemoryPlacer:
                     format_types(self.topology.memory_type_masks),
                     format_types(types - missing) or "the nodes of its CPUs",
                 )
+            if updates:
+                self.moves += 1
             for other, zone in updates.items():
                 log.debug("  - moved %s to memory %s", other, cpuset.format(zone))
                 self._shown[other] = zone

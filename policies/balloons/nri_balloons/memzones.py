@@ -283,6 +283,23 @@ class _Request:
         return f"{kind} workload<{self.name or 'ID:#' + self.id}{size}>"
 
 
+def _created(r: _Request | MemoryAllocation) -> int:
+    return r.created
+
+
+def _allocation(r: _Request) -> MemoryAllocation:
+    return MemoryAllocation(
+        id=r.id,
+        name=r.name,
+        limit=r.limit,
+        affinity=cpuset.format(r.affinity),
+        types=format_types(r.types),
+        priority=r.priority,
+        zone=cpuset.format(r.zone),
+        created=r.created,
+    )
+
+
 class MemoryAllocator:
     """libmem's ``Allocator`` over the memory nodes of ``topology``."""
 
@@ -297,6 +314,15 @@ class MemoryAllocator:
         self.nodes = cpuset.from_ids(self.capacity)
         self.requests: dict[str, _Request] = {}
         self._created = 0
+        self._exported: dict[str, MemoryAllocation] = {}
+        """request id -> its export, oldest first, kept as requests change"""
+        self._exported_stale = False
+        """a request came out of order (restore): sort on the next export"""
+        self._in_use: dict[int, list[int]] = {}
+        """zone -> [requests, their limits] of the zones requests have (kept as
+        they change: an allocation looks at zones, not at every request)"""
+        self._journal: dict[str, int] | None = None
+        """request id -> its zone before the allocation under way changed it"""
 
     # -- zones ---------------------------------------------------------------------
 
@@ -305,13 +331,44 @@ class MemoryAllocator:
 
     def zone_usage(self, zone: int) -> int:
         """The limits of the requests whose zone lies inside ``zone``."""
-        return sum(r.limit for r in self.requests.values() if r.zone and not r.zone & ~zone)
+        return sum(use[1] for z, use in self._in_use.items() if z and not z & ~zone)
 
     def zone_free(self, zone: int) -> int:
         return self.zone_capacity(zone) - self.zone_usage(zone)
 
     def zone_users(self, zone: int) -> list[_Request]:
         return [r for r in self.requests.values() if r.zone == zone]
+
+    def _account(self, r: _Request, sign: int) -> None:
+        use = self._in_use.setdefault(r.zone, [0, 0])
+        use[0] += sign
+        use[1] += sign * r.limit
+        if not use[0]:
+            del self._in_use[r.zone]
+
+    def _insert(self, r: _Request) -> None:
+        self.requests[r.id] = r
+        self._account(r, 1)
+        last = next(reversed(self._exported.values()), None)
+        if last is not None and last.created >= r.created:
+            self._exported_stale = True
+        self._exported[r.id] = _allocation(r)
+
+    def _remove(self, request_id: str) -> _Request | None:
+        r = self.requests.pop(request_id, None)
+        if r is not None:
+            self._account(r, -1)
+            self._exported.pop(request_id, None)
+        return r
+
+    def _set_zone(self, r: _Request, zone: int) -> None:
+        """Move request ``r`` (one of :attr:`requests`) to ``zone``, journaled."""
+        if self._journal is not None:
+            self._journal.setdefault(r.id, r.zone)
+        self._account(r, -1)
+        r.zone = zone
+        self._account(r, 1)
+        self._exported[r.id] = _allocation(r)
 
     def assigned(self, request_id: str) -> int | None:
         """The zone of ``request_id``; ``None`` when it has no allocation."""
@@ -345,15 +402,15 @@ class MemoryAllocator:
         self._created += 1
         req.created = self._created
         zone = req.zone
-        before = self._zones()
-        self.requests[request_id] = req
+        self._journal = {}
+        self._insert(req)
         try:
             self._handle_overcommit(zone)
         except MemoryPlacementError:
-            del self.requests[request_id]
-            self._revert(before)
+            self._remove(request_id)
+            self._revert()
             raise
-        return req.zone, self._updates(before, request_id)
+        return req.zone, self._updates(request_id)
 
     def realloc(
         self, request_id: str, affinity: int, types: Iterable[MemoryType]
@@ -383,7 +440,7 @@ class MemoryAllocator:
             wanted = zone_types(self.topology, affinity)
         else:
             affinity &= nodes_of(self.topology, wanted)
-        before = self._zones()
+        self._journal = {}
         # unlike upstream, which always expands req.zone | affinity by the next
         # closest nodes of the types (and fails when there are none: a balloon
         # growing from node 0 to nodes 0-1 of a two-node machine), the zone
@@ -397,20 +454,21 @@ class MemoryAllocator:
                 "libmem: insufficient available memory: failed to reallocate, "
                 f"can't find new {format_types(wanted)} nodes"
             )
-        req.zone |= affinity | new
+        self._set_zone(req, req.zone | affinity | new)
         try:
             self._handle_overcommit(req.zone)
         except MemoryPlacementError as exc:
-            self._revert(before)
+            self._revert()
             raise MemoryPlacementError(
                 f"libmem: insufficient available memory: failed to reallocate: {exc}"
             ) from None
         req.types |= zone_types(self.topology, new)
-        return req.zone, self._updates(before, request_id)
+        self._exported[req.id] = _allocation(req)
+        return req.zone, self._updates(request_id)
 
     def release(self, request_id: str) -> bool:
         """libmem ``Release``; ``False`` when ``request_id`` has no allocation."""
-        req = self.requests.pop(request_id, None)
+        req = self._remove(request_id)
         if req is None:
             return False
         log.debug("release memory for %s", req)
@@ -418,19 +476,25 @@ class MemoryAllocator:
 
     # -- overcommit (libmem defaultHandleOvercommit) -------------------------------
 
-    def _zones(self) -> dict[str, int]:
-        return {r.id: r.zone for r in self.requests.values()}
-
-    def _revert(self, before: dict[str, int]) -> None:
+    def _revert(self) -> None:
+        """Put the requests the allocation under way moved back where they were."""
         log.debug("reverting journal...")
-        for rid, zone in before.items():
-            self.requests[rid].zone = zone
+        journal, self._journal = self._journal or {}, None
+        for rid, zone in journal.items():
+            r = self.requests.get(rid)
+            if r is not None:
+                self._set_zone(r, zone)
 
-    def _updates(self, before: dict[str, int], own: str) -> dict[str, int]:
+    def _updates(self, own: str) -> dict[str, int]:
+        """The requests other than ``own`` the allocation under way moved (in
+        the order of :attr:`requests`); ends the journal."""
+        journal, self._journal = self._journal or {}, None
+        if not any(rid != own for rid in journal):
+            return {}
         return {
             r.id: r.zone
             for r in self.requests.values()
-            if r.id != own and before.get(r.id) != r.zone
+            if r.id != own and r.id in journal and journal[r.id] != r.zone
         }
 
     def _overcommit(self, nodes: int) -> tuple[list[int], dict[int, int]]:
@@ -438,9 +502,7 @@ class MemoryAllocator:
         usage exceeds their capacity (most users first, subzones first, larger
         first) and by how much."""
         spill: dict[int, int] = {}
-        users: dict[int, int] = {}
-        for r in self.requests.values():
-            users[r.zone] = users.get(r.zone, 0) + 1
+        users = {z: use[0] for z, use in self._in_use.items()}
         for z in users:
             if not nodes or z & nodes:
                 free = self.zone_free(z)
@@ -500,7 +562,7 @@ class MemoryAllocator:
             key=lambda r: (r.priority, r.limit, -r.created),
         ):
             log.debug("  - %s: remove %s", zone_name(zone), r)
-            r.zone = zone | new
+            self._set_zone(r, zone | new)
             log.debug("  + %s: assign %s", zone_name(r.zone), r)
             moved += r.limit
             if moved >= amount:
@@ -511,19 +573,13 @@ class MemoryAllocator:
     # -- saved state ---------------------------------------------------------------
 
     def export(self) -> list[MemoryAllocation]:
-        return [
-            MemoryAllocation(
-                id=r.id,
-                name=r.name,
-                limit=r.limit,
-                affinity=cpuset.format(r.affinity),
-                types=format_types(r.types),
-                priority=r.priority,
-                zone=cpuset.format(r.zone),
-                created=r.created,
-            )
-            for r in sorted(self.requests.values(), key=lambda r: r.created)
-        ]
+        """Every allocation, oldest first (kept as they change: each decision
+        exports)."""
+        if self._exported_stale:
+            order = sorted(self._exported.values(), key=_created)
+            self._exported = {m.id: m for m in order}
+            self._exported_stale = False
+        return list(self._exported.values())
 
     def restore(self, saved: Iterable[MemoryAllocation], alive: set[str]) -> list[str]:
         """Take the allocations ``saved`` (by :meth:`export`) of the requests in
@@ -542,8 +598,8 @@ class MemoryAllocator:
             except ValueError as exc:
                 dropped.append(f"{s.id}: {exc}")
                 continue
-            self.requests[s.id] = _Request(
-                s.id, s.name, s.limit, affinity, types, s.priority, zone, s.created
+            self._insert(
+                _Request(s.id, s.name, s.limit, affinity, types, s.priority, zone, s.created)
             )
             self._created = max(self._created, s.created)
         return dropped

@@ -616,14 +616,11 @@ class Balloons:
 
     # -- NRI -------------------------------------------------------------------------
 
-    def _pod_of(self, pod_id: str) -> Pod | None:
-        assert self.host is not None
-        return self.host.pods.get(pod_id)
-
     def _updates(self, skip: str = "") -> list[Update]:
         """Updates for every container whose pinning changed since it was last sent."""
         assert self.policy is not None
-        now = self.policy.pinning(self._pod_of)
+        assert self.host is not None
+        now = self.policy.pinning(self.host.pods.get)
         updates = []
         for cid, (cpus, mems) in now.items():
             if cid != skip and self.pins.get(cid) != (cpus, mems):

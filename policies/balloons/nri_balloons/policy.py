@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from nri_framework import cpuset
@@ -114,6 +116,14 @@ class BalloonsPolicy:
         """(namespace, pod, container) -> the devices the kubelet assigned to it,
         from the plugin's pod-resources cache (None: ``agent.podResourceAPI`` off)"""
         self.memory = MemoryPlacer(topology)
+        self._member_annotations: dict[str, _MemberAnnotations] = {}
+        """container id -> what its pod's annotations say to :meth:`pinning`,
+        read again only when the runtime sent the pod anew"""
+        self._pinned: dict[int, _PinnedBalloon] = {}
+        """id(balloon) -> its pins as the last pinning gave them"""
+        self._pinned_memory = self.memory
+        self._pinned_moves = 0
+        """:attr:`MemoryPlacer.moves` when the pins were computed"""
 
     def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
         """CPU priorities found after start (a late SST helper): the allocations
@@ -595,32 +605,74 @@ class BalloonsPolicy:
 
     def pinning(self, pod_of: Callable[[str], Pod | None]) -> dict[str, tuple[str, str]]:
         """Container id -> (cpus, mems) for every container in a balloon; cpus is
-        ``""`` (left to the runtime) with ``pinCPU: false``."""
+        ``""`` (left to the runtime) with ``pinCPU: false``.
+
+        A balloon whose CPUs, options, members and members' pods are those of the
+        previous pinning gives the same pins again without being walked, unless
+        a memory allocation moved a container since (then every balloon is)."""
+        moves = self.memory.moves
+        out = self._pinning(pod_of, reuse=True)
+        if self.memory.moves != moves:
+            out = self._pinning(pod_of, reuse=False)  # an allocation moved someone
+        return out
+
+    def _pinning(
+        self, pod_of: Callable[[str], Pod | None], reuse: bool
+    ) -> dict[str, tuple[str, str]]:
         assert self.config is not None
         pin_cpu = self.config.spec.pin_cpu
+        reuse = (
+            reuse and self._pinned_memory is self.memory and self.memory.moves == self._pinned_moves
+        )
         out: dict[str, tuple[str, str]] = {}
         allocated: dict[str, int] = {}  # container id -> memory nodes allocated
+        seen = self._member_annotations
+        now: dict[str, _MemberAnnotations] = {}  # the members of this pinning only
+        before = self._pinned
+        pinned: dict[int, _PinnedBalloon] = {}
+        fresh: list[_PinnedBalloon] = []
         for bln in self.balloons:
             opts = self.options[bln.bdef.name]
             pinnable = bln.cpus | bln.shared_idle
             mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
             bln.mems = mems
             mem_types = type_set(bln.bdef.memory_types)
+            key = (pinnable, mems, opts, mem_types, pin_cpu)
+            prev = before.get(id(bln)) if reuse else None
+            if (
+                prev is not None
+                and prev.balloon is bln
+                and prev.key == key
+                and prev.members == bln.members
+                and all(map(operator.is_, map(pod_of, prev.pod_ids), prev.pods))
+            ):
+                pinned[id(bln)] = prev
+                out.update(prev.pins)
+                allocated.update(prev.allocated)
+                now.update(prev.annotations)
+                continue
+            entry = _PinnedBalloon(bln, key, dict(bln.members))
+            fresh.append(entry)
+            pinned[id(bln)] = entry
             texts: dict[bool, str] = {}  # formatted once per balloon, not per container
             for m in bln.members.values():
                 hide = opts.hide_hyperthreads
                 pod = pod_of(m.pod_id)
+                entry.pod_ids.append(m.pod_id)
+                entry.pods.append(pod)
                 keep_mems = False
                 mem_type = None
                 if pod is not None:
-                    ctr = Container(id=m.id, name=m.name)
-                    forced = ann.parse_bool(ann.effective(ann.HIDE_HYPERTHREADS, pod, ctr))
-                    if forced is not None:
-                        hide = forced
-                    keep_mems = bool(mems) and ann.memory_preserved(pod, ctr)
-                    mem_type = ann.effective(ann.MEMORY_TYPE, pod, ctr)
+                    said = seen.get(m.id)
+                    if said is None or said.pod is not pod:
+                        said = _MemberAnnotations.read(pod, m.id, m.name)
+                    entry.annotations[m.id] = said
+                    if said.hide is not None:
+                        hide = said.hide
+                    keep_mems = bool(mems) and said.memory_preserved
+                    mem_type = said.memory_type
                 if mems and not keep_mems:
-                    allocated[m.id] = self.memory.mems(
+                    entry.allocated[m.id] = self.memory.mems(
                         m.id, m.pretty, pinnable, mem_types, mem_type
                     )
                 if hide not in texts:
@@ -630,12 +682,22 @@ class BalloonsPolicy:
                     # upstream PreserveMemoryResources: the container keeps its own
                     # cpuset.mems; its CPUs are still the balloon's
                     log.debug("  - preserving %s pinning to memory", m.pretty)
-                out[m.id] = (texts[hide] if pin_cpu else "", "")
+                entry.pins[m.id] = (texts[hide] if pin_cpu else "", "")
+            out.update(entry.pins)
+            allocated.update(entry.allocated)
+            now.update(entry.annotations)
+        self._member_annotations = now
         self.memory.keep_only(allocated)
         # after every allocation: a later one may have moved an earlier container
-        # (libmem: "other containers whose zones changed are updated")
-        for cid, nodes in allocated.items():
-            out[cid] = (out[cid][0], cpuset.format(self.memory.current(cid, nodes)))
+        # (libmem: "other containers whose zones changed are updated"); a reused
+        # balloon's pins hold this already (nobody moved since: see pinning())
+        for entry in fresh:
+            for cid, nodes in entry.allocated.items():
+                pin = (entry.pins[cid][0], cpuset.format(self.memory.current(cid, nodes)))
+                entry.pins[cid] = out[cid] = pin
+        self._pinned = pinned
+        self._pinned_memory = self.memory
+        self._pinned_moves = self.memory.moves
         return out
 
     # -- state -----------------------------------------------------------------------
@@ -674,6 +736,42 @@ class BalloonsPolicy:
 
     def __iter__(self) -> Iterator[Balloon]:
         return iter(self.balloons)
+
+
+@dataclass(slots=True)
+class _PinnedBalloon:
+    """One balloon's part of a pinning, and what it was computed from."""
+
+    balloon: Balloon
+    key: tuple[Any, ...]
+    members: dict[str, Member]
+    pod_ids: list[str] = field(default_factory=list)
+    pods: list[Pod | None] = field(default_factory=list)
+    """the pod of each member (of ``pod_ids``) as the pinning saw it"""
+    annotations: dict[str, _MemberAnnotations] = field(default_factory=dict)
+    allocated: dict[str, int] = field(default_factory=dict)
+    pins: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _MemberAnnotations:
+    """A member's pinning annotations, as read from ``pod`` (the object the
+    runtime sent: a pod sent anew is read anew)."""
+
+    pod: Pod
+    hide: bool | None
+    memory_preserved: bool
+    memory_type: str | None
+
+    @classmethod
+    def read(cls, pod: Pod, container_id: str, name: str) -> _MemberAnnotations:
+        ctr = Container(id=container_id, name=name)
+        return cls(
+            pod=pod,
+            hide=ann.parse_bool(ann.effective(ann.HIDE_HYPERTHREADS, pod, ctr)),
+            memory_preserved=ann.memory_preserved(pod, ctr),
+            memory_type=ann.effective(ann.MEMORY_TYPE, pod, ctr),
+        )
 
 
 def _priority(bdef: BalloonType) -> str:

@@ -60,3 +60,11 @@ def test_parse_error_text_is_bounded() -> None:
     with pytest.raises(cpuset.CpusetError) as exc:
         cpuset.parse("0," * 1_000_000 + "x")
     assert len(str(exc.value)) < 300
+
+
+def test_format_remembers_a_bounded_number_of_masks() -> None:
+    """The memo of :func:`cpuset.format` (each decision formats the same sets)
+    holds at most ``FORMAT_CACHE`` masks, whatever a peer makes us format."""
+    for i in range(2, cpuset.FORMAT_CACHE + 100):
+        assert cpuset.format(1 << i | 1) == f"0,{i}"
+    assert cpuset.format.cache_info().currsize <= cpuset.FORMAT_CACHE
