@@ -66,9 +66,12 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-PROBE_INTERVAL = 5.0
+PROBE_INTERVAL = 1.0
 """Seconds between checks that the SST helper is still the process SST was
-programmed on (a restarted helper may come back with SST reset)."""
+programmed on (a restarted helper may come back with SST reset), off the
+reply path, one ``GetAssociation`` of one CPU. It is also how a dead helper
+is noticed (``pct_degraded``) while decisions send it nothing (cores already
+on their CLOS): within about a second."""
 CONFIG_TIMEOUT = 1.0
 """Per helper request off the reply path: the background's commits, and the
 configuration applied at start-up before the event loop runs."""
