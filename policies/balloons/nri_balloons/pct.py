@@ -38,6 +38,7 @@ expects).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -129,6 +130,13 @@ class PctAllocator(SstProgramming, ClosAssociation, PlacementHints):
             self.degraded = False
             return True
         try:
+            if self.degraded:
+                # the helper must answer before it counts as back: a flush
+                # that sends nothing (cores already on their CLOS) proves nothing
+                with contextlib.suppress(WriteRefused):  # a refusal is an answer
+                    yield from self._ask(
+                        m.GetAssociation(cpus=[min(self.punit_of, default=0)]), timeout
+                    )
             for _attempt in range(2):
                 if self._must_program():
                     if self.mode and not self.need_program:

@@ -235,3 +235,21 @@ def test_restarted_plugin_keeps_what_sst_holds() -> None:
     assert prepares(helper) == [m.PrepareManagedMode(keep_programmed=True)]
     assert helper.seen and all(set(seen.values()) == {0} for seen in helper.seen)
     assert helper.clos(policy.allowed) == before
+
+
+def test_a_flush_that_sends_nothing_does_not_say_a_dead_helper_is_back() -> None:
+    """The probe found the helper dead; decisions on cores already on their
+    CLOS send nothing. The next flush must ask the helper before PCT counts as
+    back: ``pct_degraded`` stays on while it is dead, goes off once it answers."""
+    policy, helper = make()
+    admit(policy, "pct-lp", 8, "lp-bln")
+    pct = policy.cpu_classes.pct
+    helper.down = True
+    assert exchange(pct.probe_steps(), helper)  # the probe notices: degraded
+    assert pct.degraded
+    assert policy.allocate(*pod("pct-lp-2", 8, "lp-bln")) is not None
+    assert not policy.cpu_classes.commit()  # the commit of that decision
+    assert pct.degraded  # still dead: not "back"
+    helper.down = False
+    assert policy.cpu_classes.commit()
+    assert not pct.degraded
