@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from nri_framework.agent.kube import KubeClient, KubeError, Obj, PolicyResource
+from nri_framework.agent.kube import KubeClient, KubeError, Obj, PolicyResource, single_object
 from nri_framework.agent.options import DEFAULT_GROUP_LABEL
 
 log = logging.getLogger("nri_framework.agent")
@@ -249,12 +249,7 @@ class ConfigSource:
     # -- informer input (event loop) -------------------------------------------------
 
     def on_node(self, kind: str, payload: Any) -> None:
-        if kind == "SYNC":
-            node = payload[0] if payload else None
-        elif kind == "DELETED":
-            node = None
-        else:
-            node = payload
+        node = single_object(kind, payload)
         if node is None:
             if self.labels is None:
                 log.warning("node %s not found; taking it as a node without labels", self.node)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_framework.agent.kube import KubeClient, Obj
+from nri_framework.agent.kube import KubeClient, Obj, single_object
 from nri_framework.agent.options import RESYNC, RETRY
 from nri_framework.quantity import format_quantity
 
@@ -171,12 +171,7 @@ class ExtendedResources:
 
     def on_node(self, kind: str, payload: Any) -> None:
         """The agent's Node watch (on the event loop): keep its capacity, reconcile."""
-        if kind == "SYNC":
-            node = payload[0] if payload else None
-        elif kind == "DELETED":
-            node = None
-        else:
-            node = payload
+        node = single_object(kind, payload)
         capacity = None if node is None else capacity_of(node)
         if capacity != self.capacity:
             self.capacity = capacity

@@ -271,6 +271,16 @@ OpenWatch = Callable[[str | None], Any]
 Deliver = Callable[[str, Any], None]
 
 
+def single_object(kind: str, payload: Any) -> Any:
+    """What an :class:`Informer` of one object (a field-selected Node)
+    delivered: the object now, or None (deleted, or none listed)."""
+    if kind == "SYNC":
+        return payload[0] if payload else None
+    if kind == "DELETED":
+        return None
+    return payload
+
+
 class Informer(threading.Thread):
     """Read a set of objects, then watch it; report every change.
 
