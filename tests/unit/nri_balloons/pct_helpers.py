@@ -26,10 +26,12 @@ from pathlib import Path
 
 import pytest
 from nri_balloons.configyaml import load_policy
+from nri_balloons.plugin import Balloons
 from nri_balloons.policy import BalloonsPolicy
-from nri_balloons.sstlink import WriteRefused, WriterUnavailable
+from nri_balloons.sstlink import Writer, WriteRefused, WriterUnavailable
 from nri_balloons.validation import validate
 from nri_framework import cpuset
+from nri_framework.host import PolicyHost
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.sysfs import write_topology
 from nri_framework.topology import Topology
@@ -253,3 +255,23 @@ cpuClasses:
 - {name: hp-clos0, sstClosID: 0}
 - {name: lp-clos3, sstClosID: 3}
 """
+
+
+class PluginWithHelper(Balloons):
+    """The balloons plugin with ``--sst-helper`` reaching the in-process helper."""
+
+    def __init__(self, helper: InProcessHelper) -> None:
+        super().__init__()
+        self.helper = helper
+
+    def helper_writer(self, endpoint: str) -> Writer:
+        return self.helper
+
+
+def start(helper: InProcessHelper, config: str, tmp_path: Path) -> PluginWithHelper:
+    path = tmp_path / "balloons.yaml"
+    path.write_text(config)
+    plugin = PluginWithHelper(helper)
+    options = {"sst_helper": helper.endpoint, "config_file": str(path)}
+    PolicyHost("balloons", plugin, host_root=str(host_root()), options=options)
+    return plugin

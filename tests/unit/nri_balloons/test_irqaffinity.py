@@ -13,15 +13,18 @@ from pathlib import Path
 import pytest
 from nri_balloons.config import BalloonType
 from nri_balloons.irqaffinity import Irq, IrqAffinity, controllable, new_affinities
-from nri_balloons.plugin import Balloons
 from nri_balloons.sstlink import Writer, exchange
 from nri_framework import cpuset
 from nri_framework.hookspecs import PolicyError
-from nri_framework.host import PolicyHost
 from nri_sst import messages as m
 from nri_sst.backends.sim import SimConfig, SimIrq
 
-from .pct_helpers import InProcessHelper, host_root, shared_root  # noqa: F401
+from .pct_helpers import (  # noqa: F401
+    InProcessHelper,
+    PluginWithHelper,
+    shared_root,
+    start,
+)
 
 ALLOWED = cpuset.parse("2-15")
 ALL = cpuset.parse("0-15")
@@ -244,26 +247,6 @@ DENIED_ERROR = (
     'invalid irqclaim ["*ttyS0*" "*rtc0*"]: denied interrupt: irq 4 '
     '(IR-IO-APIC 4-edge ttyS0) denied but matched by user pattern "*ttyS0*"'
 )
-
-
-class PluginWithHelper(Balloons):
-    """The balloons plugin with ``--sst-helper`` reaching the in-process helper."""
-
-    def __init__(self, helper: InProcessHelper) -> None:
-        super().__init__()
-        self.helper = helper
-
-    def helper_writer(self, endpoint: str) -> Writer:
-        return self.helper
-
-
-def start(helper: InProcessHelper, config: str, tmp_path: Path) -> PluginWithHelper:
-    path = tmp_path / "balloons.yaml"
-    path.write_text(config)
-    plugin = PluginWithHelper(helper)
-    options = {"sst_helper": helper.endpoint, "config_file": str(path)}
-    PolicyHost("balloons", plugin, host_root=str(host_root()), options=options)
-    return plugin
 
 
 def test_a_configuration_without_irq_options_asks_for_no_irq_list(tmp_path: Path) -> None:

@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 from nri_balloons.configyaml import load_policy
-from nri_balloons.plugin import Balloons
 from nri_balloons.rdtpartitions import RdtConfigError, resolve
-from nri_balloons.sstlink import Writer
 from nri_framework.hookspecs import PolicyError
-from nri_framework.host import PolicyHost
 from nri_sst import messages as m
 from nri_sst.backends.sim import SimConfig
 
-from .pct_helpers import InProcessHelper, host_root, shared_root  # noqa: F401
+from .pct_helpers import (  # noqa: F401
+    InProcessHelper,
+    PluginWithHelper,
+    shared_root,
+    start,
+)
 
 L3 = m.ResctrlResource(name="L3", cache_ids=[0, 1], num_closids=16, cbm_mask=0x7FFF, min_cbm_bits=1)
 MB = m.ResctrlResource(
@@ -185,24 +187,6 @@ control:
 
 
 # -- the plugin through the helper --------------------------------------------------
-
-
-class PluginWithHelper(Balloons):
-    def __init__(self, helper: InProcessHelper) -> None:
-        super().__init__()
-        self.helper = helper
-
-    def helper_writer(self, endpoint: str) -> Writer:
-        return self.helper
-
-
-def start(helper: InProcessHelper, config: str, tmp_path: Path) -> PluginWithHelper:
-    path = tmp_path / "balloons.yaml"
-    path.write_text(config)
-    plugin = PluginWithHelper(helper)
-    options = {"sst_helper": helper.endpoint, "config_file": str(path)}
-    PolicyHost("balloons", plugin, host_root=str(host_root()), options=options)
-    return plugin
 
 
 def resctrl(helper: InProcessHelper) -> dict[str, dict[str, dict[int, int]]]:
