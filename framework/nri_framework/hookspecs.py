@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from nri_framework.contract import Host, MetricFamily, Peer
+    from nri_framework.journal import StateChanges
     from nri_framework.model import (
         Container,
         CreateResult,
@@ -132,6 +133,29 @@ def policy_export_state() -> Any:
     dicts, lists, strings, numbers). It is handed back, decoded as plain
     builtins, through the ``saved_state`` argument of :func:`nri_synchronize`
     after a restart.
+    """
+
+
+@hookspec(firstresult=True)
+def policy_state_changes() -> StateChanges | None:
+    """What changed in the policy's keyed state since the last call, or ``None``.
+
+    Stops at the first non-None result: the policy's state is keyed (``None``:
+    it is not, and each record holds the whole :func:`policy_export_state`
+    when it changed).
+
+    A policy whose state is a dict of parts (``policy_export_state`` returns
+    ``{key: part}``, every part serializable by msgspec) implements it to
+    make each decision's journal record hold what the decision changed, not
+    the whole state: return the parts changed since the previous call by key
+    (``None``: the part is gone), as
+    :class:`~nri_framework.journal.StateChanges`, and forget them; set
+    ``reset`` when the whole state was replaced (the host then journals the
+    whole :func:`policy_export_state`, as it also does on the first record of
+    a process). Called after every change the host has applied, before the
+    reply that announces it leaves, right before the record is written: keep
+    it proportional to the change. After a restart the merged parts come back,
+    as one dict, through the ``saved_state`` argument of :func:`nri_synchronize`.
     """
 
 
@@ -397,6 +421,7 @@ def nri_remove_container(pod: Pod, container: Container) -> None:
 DECISION_HOOKS: frozenset[str] = frozenset(
     {
         "policy_export_state",
+        "policy_state_changes",
         "policy_prepare_config",
         "policy_reconfigure",
         "policy_topology_zones",

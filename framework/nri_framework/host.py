@@ -374,7 +374,9 @@ class PolicyHost:
     def changed(self) -> None:
         """Something worth persisting changed: journal it now (before the
         reply that announces it), snapshot soon, after the reply is out."""
-        self.statefile.record(self.cache, self.hook.policy_export_state)
+        self.statefile.record(
+            self.cache, self.hook.policy_export_state, self.hook.policy_state_changes
+        )
         for callback in self._listeners:
             try:
                 callback()

@@ -69,7 +69,14 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``pods``/``containers`` hold the entries that changed (``None``: removed);
     with ``reset`` they are the whole cache (a Synchronize). ``policy_state``
     is the policy's exported state after the change, left out when it did not
-    change since the previous record.
+    change since the previous record (a policy without
+    :func:`~nri_framework.hookspecs.policy_state_changes`).
+
+    A policy with keyed state (``policy_state_changes``) has ``parts``
+    instead: the parts of its state that changed (``None``: removed), merged
+    over the parts before (with ``parts_reset``, over none: they are the
+    whole state). Records without these fields (written before them) read
+    as records without parts.
     """
 
     seq: int
@@ -77,12 +84,36 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
     pods: dict[str, Pod | None] = {}
     containers: dict[str, Container | None] = {}
     policy_state: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    parts: dict[str, Any] = {}
+    parts_reset: bool = False
 
     def state(self) -> Any:
         """The decoded policy state (``UNSET`` when the record has none)."""
         if isinstance(self.policy_state, msgspec.Raw):
             return msgspec.msgpack.decode(self.policy_state)
         return msgspec.UNSET
+
+
+class StateChanges(msgspec.Struct, kw_only=True):
+    """What a policy's keyed state did since its last record
+    (:func:`~nri_framework.hookspecs.policy_state_changes`)."""
+
+    parts: dict[str, Any] = {}
+    """the parts that changed, by key (``None``: the part is gone)"""
+    reset: bool = False
+    """``parts`` is the whole state (the parts before are gone)"""
+
+
+def merge_parts(state: Any, d: Decision) -> Any:
+    """The keyed policy ``state`` (a dict of parts) with the parts of record ``d``
+    merged over it; a changed part moves last (the order of the last change)."""
+    if d.parts_reset or not isinstance(state, dict):
+        state = {}
+    for key, part in d.parts.items():
+        state.pop(key, None)
+        if part is not None:
+            state[key] = part
+    return state
 
 
 _encoder = msgspec.msgpack.Encoder()

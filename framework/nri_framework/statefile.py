@@ -3,9 +3,19 @@
 ``<policy>.state.json`` is the snapshot (:class:`SavedState`): the cache as
 last decided and the policy's own state; ``<policy>.journal`` holds the
 records appended since (:mod:`nri_framework.journal`), one per change,
-before the reply that announces it leaves. The snapshot is rewritten off
-the reply path (:data:`SAVE_DELAY` after a change, on the next turn of the
-loop once the journal passes ``COMPACT_BYTES``), then the journal emptied.
+before the reply that announces it leaves. A record holds what changed: the
+cache entries, and the policy's state, whole (compared with the last one) or,
+for a policy with keyed state (:func:`~nri_framework.hookspecs.policy_state_changes`),
+the parts that changed, so that a decision costs what it changes.
+
+The snapshot (compaction) is rewritten off the reply path, then the journal
+emptied: once the node has been quiet for :data:`SAVE_DELAY` (no change), on
+the next turn of the loop once the journal passes ``COMPACT_BYTES``, and at
+shutdown; not while a stream of requests goes on (a snapshot costs the whole
+node). Replaying a full journal at start is bounded by ``COMPACT_BYTES``.
+
+Snapshot versions: 1 (``policy_state`` whole, as the policy exported it); 2
+(the same, or the merged parts of a keyed policy: a dict). Both read.
 """
 
 from __future__ import annotations
@@ -22,20 +32,26 @@ import msgspec
 from nri_sst.retry import Reporter
 
 from nri_framework.cache import Cache
-from nri_framework.journal import COMPACT_BYTES, Journal
+from nri_framework.journal import COMPACT_BYTES, Journal, StateChanges, merge_parts
 from nri_framework.model import Container, Pod
 
 # the host's logger: these lines were the host's and keep its name
 log = logging.getLogger("nri_framework.host")
 
-STATE_VERSION = 1
-#: Coalescing delay of snapshots (seconds): the compaction of the journal,
-#: off the reply path (the journal record is what is on the reply path).
-SAVE_DELAY = 0.05
+STATE_VERSION = 2
+#: Snapshot versions this code reads (see the module doc).
+READ_VERSIONS = (1, 2)
+#: How long the node must be quiet (seconds, no change) before the snapshot:
+#: the compaction of the journal, off the reply path (the journal record is
+#: what is on the reply path), not in the middle of a stream of requests.
+SAVE_DELAY = 1.0
 
 #: The policy's state to persist, asked for only when there is somewhere to
 #: persist it (``policy_export_state``).
 Export = Callable[[], Any]
+#: The policy's keyed changes since the last call (``policy_state_changes``;
+#: ``None``: the policy's state is not keyed).
+Changes = Callable[[], StateChanges | None]
 
 
 class SavedState(msgspec.Struct, kw_only=True):
@@ -61,7 +77,11 @@ class StateFile:
         #: the last journal record written
         self.seq = 0
         self._policy_state = b""  # the last one journaled, encoded
+        #: a keyed record was written by this process (the first one is whole:
+        #: what is on disk may be another version's)
+        self._keyed = False
         self._save_handle: asyncio.Handle | None = None
+        self._last_change = 0.0
         self._save_reporter = Reporter(log)
         self._save_urgent = False
 
@@ -78,7 +98,7 @@ class StateFile:
         except (OSError, msgspec.DecodeError) as exc:
             log.error("ignoring unreadable state file %s: %s", path, exc)
             return None
-        if state.version != STATE_VERSION or state.policy != self.policy_name:
+        if state.version not in READ_VERSIONS or state.policy != self.policy_name:
             log.warning(
                 "ignoring state file %s of policy %r, version %d", path, state.policy, state.version
             )
@@ -109,6 +129,8 @@ class StateFile:
                 policy_state = d.state()
                 if policy_state is not msgspec.UNSET:
                     base.policy_state = policy_state
+                if d.parts or d.parts_reset:
+                    base.policy_state = merge_parts(base.policy_state, d)
                 base.seq = d.seq
                 replayed += 1
             if replayed:
@@ -124,13 +146,31 @@ class StateFile:
         )
         return state
 
-    def record(self, cache: Cache, export: Export) -> None:
+    def record(self, cache: Cache, export: Export, changes: Changes | None = None) -> None:
         """One journal record: the cache entries that changed, the policy's
-        state if it did (one small ``write(2)``; see :mod:`nri_framework.journal`)."""
+        state if it did (one small ``write(2)``; see :mod:`nri_framework.journal`):
+        the parts ``changes`` names when the policy's state is keyed, else the
+        whole ``export`` when it differs from the last one."""
         if self.journal is None:
             return
         self.seq += 1
         decision = cache.take_changes(self.seq)
+        delta = changes() if changes is not None else None
+        if delta is not None:
+            if delta.reset or not self._keyed:
+                parts = export()
+                if isinstance(parts, dict):
+                    decision.parts, decision.parts_reset = parts, True
+                    self._keyed = True
+                else:  # a policy bug: keyed changes, unkeyed state
+                    log.error(
+                        "cannot journal the policy's state: keyed changes of a %s",
+                        type(parts).__name__,
+                    )
+            else:
+                decision.parts = delta.parts
+            self.journal.append(decision)
+            return
         try:
             policy_state = msgspec.msgpack.encode(export())
         except (msgspec.EncodeError, TypeError, OverflowError) as exc:  # a policy bug
@@ -142,27 +182,39 @@ class StateFile:
         self.journal.append(decision)
 
     def schedule(self, save: Callable[[], None]) -> None:
-        """Call ``save`` (which writes the snapshot) soon, after the reply is out:
-        :data:`SAVE_DELAY` from now, or on the next turn of the loop once the
-        journal passes ``COMPACT_BYTES``; at once without a running loop."""
+        """Call ``save`` (which writes the snapshot) after the reply is out, once
+        the node has been quiet for :data:`SAVE_DELAY` (each change puts it
+        off), or on the next turn of the loop once the journal passes
+        ``COMPACT_BYTES``; at once without a running loop."""
         if self.state_dir is None:
-            return
-        urgent = self.journal is not None and self.journal.size > COMPACT_BYTES
-        if self._save_handle is not None and not (urgent and not self._save_urgent):
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             save()
             return
+        self._last_change = loop.time()
+        urgent = self.journal is not None and self.journal.size > COMPACT_BYTES
+        if self._save_handle is not None and not (urgent and not self._save_urgent):
+            return  # the quiet timer looks at _last_change when it fires
         if self._save_handle is not None:
             self._save_handle.cancel()
         # past COMPACT_BYTES: on the next turn of the loop (still after the reply)
         if urgent:
             self._save_handle = loop.call_soon(save)
         else:
-            self._save_handle = loop.call_later(SAVE_DELAY, save)
+            self._save_handle = loop.call_later(SAVE_DELAY, self._when_quiet, save)
         self._save_urgent = urgent
+
+    def _when_quiet(self, save: Callable[[], None]) -> None:
+        """The quiet timer: save when nothing changed for :data:`SAVE_DELAY`,
+        else wait for the rest of it (one timer, not one per change)."""
+        loop = asyncio.get_running_loop()
+        rest = self._last_change + SAVE_DELAY - loop.time()
+        if rest > 0:
+            self._save_handle = loop.call_later(rest, self._when_quiet, save)
+        else:
+            save()
 
     def save(self, cache: Cache, export: Export) -> None:
         """Write the snapshot, then empty the journal it holds."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,14 +32,25 @@ class Member(msgspec.Struct):
         return f"{self.namespace}/{self.pod_name}/{self.name}"
 
 
+#: the order members joined their balloons in, across balloons (saved with each
+#: member: the keyed state keeps no list of them)
+_joined = itertools.count()
+
+
 class Members(dict[str, Member]):
     """A balloon's containers by id, with the sum of their requests kept as they
-    come and go (the fill chain asks every balloon's for each container)."""
+    come and go (the fill chain asks every balloon's for each container), and
+    which of them changed since the journal's last record (:attr:`changed`,
+    :mod:`nri_balloons.state`)."""
 
     def __init__(self, members: Mapping[str, Member] | None = None) -> None:
         super().__init__()
         self.requested = 0
         """mCPU: the requests of the members"""
+        self.joined: dict[str, int] = {}
+        """container id -> when it joined (the members' order, saved)"""
+        self.changed: set[str] = set()
+        """ids set or removed since the state's last record took them"""
         for cid, m in (members or {}).items():
             self[cid] = m
 
@@ -46,27 +58,38 @@ class Members(dict[str, Member]):
         old = self.get(cid)
         if old is not None:
             self.requested -= old.request
+        else:
+            self.joined[cid] = next(_joined)
         super().__setitem__(cid, member)
         self.requested += member.request
+        self.changed.add(cid)
 
     def __delitem__(self, cid: str) -> None:
         self.requested -= self[cid].request
         super().__delitem__(cid)
+        del self.joined[cid]
+        self.changed.add(cid)
 
     def pop(self, cid: str, *default: Any) -> Any:
         if cid in self:
             member = super().pop(cid)
             self.requested -= member.request
+            del self.joined[cid]
+            self.changed.add(cid)
             return member
         return super().pop(cid, *default)
 
     def popitem(self) -> tuple[str, Member]:
         cid, member = super().popitem()
         self.requested -= member.request
+        del self.joined[cid]
+        self.changed.add(cid)
         return cid, member
 
     def clear(self) -> None:
+        self.changed.update(self)
         super().clear()
+        self.joined.clear()
         self.requested = 0
 
     def update(self, *args: Any, **kwargs: Any) -> None:

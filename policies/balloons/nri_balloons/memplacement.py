@@ -143,6 +143,10 @@ class MemoryPlacer:
     def export(self) -> list[MemoryAllocation]:
         return self.allocator.export()
 
+    def take_changes(self) -> dict[str, MemoryAllocation | None]:
+        """The allocations changed since the last call (``None``: released)."""
+        return self.allocator.take_changes()
+
     def restore(self, saved: Iterable[MemoryAllocation], alive: set[str]) -> None:
         """Take the saved allocations of the containers in ``alive``."""
         for why in self.allocator.restore(saved, alive):

@@ -318,6 +318,8 @@ class MemoryAllocator:
         """request id -> its export, oldest first, kept as requests change"""
         self._exported_stale = False
         """a request came out of order (restore): sort on the next export"""
+        self.changed: set[str] = set()
+        """request ids whose export changed since :meth:`take_changes`"""
         self._in_use: dict[int, list[int]] = {}
         """zone -> [requests, their limits] of the zones requests have (kept as
         they change: an allocation looks at zones, not at every request)"""
@@ -353,12 +355,14 @@ class MemoryAllocator:
         if last is not None and last.created >= r.created:
             self._exported_stale = True
         self._exported[r.id] = _allocation(r)
+        self.changed.add(r.id)
 
     def _remove(self, request_id: str) -> _Request | None:
         r = self.requests.pop(request_id, None)
         if r is not None:
             self._account(r, -1)
             self._exported.pop(request_id, None)
+            self.changed.add(request_id)
         return r
 
     def _set_zone(self, r: _Request, zone: int) -> None:
@@ -369,6 +373,7 @@ class MemoryAllocator:
         r.zone = zone
         self._account(r, 1)
         self._exported[r.id] = _allocation(r)
+        self.changed.add(r.id)
 
     def assigned(self, request_id: str) -> int | None:
         """The zone of ``request_id``; ``None`` when it has no allocation."""
@@ -464,6 +469,7 @@ class MemoryAllocator:
             ) from None
         req.types |= zone_types(self.topology, new)
         self._exported[req.id] = _allocation(req)
+        self.changed.add(req.id)
         return req.zone, self._updates(request_id)
 
     def release(self, request_id: str) -> bool:
@@ -580,6 +586,13 @@ class MemoryAllocator:
             self._exported = {m.id: m for m in order}
             self._exported_stale = False
         return list(self._exported.values())
+
+    def take_changes(self) -> dict[str, MemoryAllocation | None]:
+        """The exports changed since the last call, by request id (``None``:
+        released), and forget them (the journal's keyed state)."""
+        out = {rid: self._exported.get(rid) for rid in self.changed}
+        self.changed.clear()
+        return out
 
     def restore(self, saved: Iterable[MemoryAllocation], alive: set[str]) -> list[str]:
         """Take the allocations ``saved`` (by :meth:`export`) of the requests in

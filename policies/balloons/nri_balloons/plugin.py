@@ -21,6 +21,7 @@ from nri_framework.configfile import ConfigFileError, read_config_file
 from nri_framework.contract import Peer
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
+from nri_framework.journal import StateChanges
 from nri_framework.model import (
     Adjustment,
     Container,
@@ -740,6 +741,10 @@ class Balloons:
     @hookimpl
     def policy_export_state(self) -> Any:
         return self.policy.export() if self.policy else None
+
+    @hookimpl
+    def policy_state_changes(self) -> StateChanges | None:
+        return self.policy.state_changes() if self.policy else None
 
     @hookimpl
     def policy_extended_resources(self) -> dict[str, int | None] | None:

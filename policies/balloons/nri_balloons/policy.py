@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from nri_framework import cpuset
+from nri_framework.journal import StateChanges
 from nri_framework.model import Container, Pod
 from nri_framework.topology import Topology
 
@@ -51,7 +52,7 @@ from nri_balloons.memplacement import MemoryPlacer, memory_limit, type_set
 from nri_balloons.placement import Placement, TypeOptions, changes_placement
 from nri_balloons.sizing import share_idle
 from nri_balloons.sstlink import DEFAULT_WAIT, Wait
-from nri_balloons.state import BalloonsState, decode, rebuild, snapshot
+from nri_balloons.state import StateTracker, decode, parts, rebuild
 from nri_balloons.trees import build_trees, class_hints
 from nri_balloons.validation import PreparedConfig
 
@@ -124,6 +125,8 @@ class BalloonsPolicy:
         self._pinned_memory = self.memory
         self._pinned_moves = 0
         """:attr:`MemoryPlacer.moves` when the pins were computed"""
+        self.state_tracker = StateTracker()
+        """what changed in the saved state since the journal's last record"""
 
     def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
         """CPU priorities found after start (a late SST helper): the allocations
@@ -702,9 +705,13 @@ class BalloonsPolicy:
 
     # -- state -----------------------------------------------------------------------
 
-    def export(self) -> BalloonsState:
-        """The state to save (:mod:`nri_balloons.state`)."""
-        return snapshot(self.balloons, self.memory.export())
+    def export(self) -> dict[str, Any]:
+        """The state to save, keyed (:func:`nri_balloons.state.parts`)."""
+        return parts(self.balloons, {m.id: m for m in self.memory.export()})
+
+    def state_changes(self) -> StateChanges:
+        """The parts of :meth:`export` changed since the last call."""
+        return self.state_tracker.changes(self.balloons, self.owner, self.memory)
 
     def restore(self, saved: Any, alive: set[str]) -> set[str]:
         """Rebuild the balloons saved by :meth:`export` (this version or an older
@@ -727,6 +734,7 @@ class BalloonsPolicy:
         self.free = self.allowed & ~taken
         self.owner = {m: b for b in balloons for m in b.members}
         self.memory.restore(state.memory, set(self.owner))
+        self.state_tracker.reset = True
         for bln in list(self.balloons):
             if not bln.members and len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
                 self.delete(bln)

@@ -13,6 +13,14 @@ Versions:
   predates them ignores them): ``memory``, the containers' memory allocations
   (:class:`~nri_balloons.memzones.MemoryAllocation`).
 
+* 3: keyed (:func:`parts`), so that the host's journal records only the parts a
+  decision changed (:class:`StateTracker`, ``policy_state_changes``): a dict of
+  ``version: 3``; ``balloons``, the top-level balloons' keys in order;
+  ``b:<type>[<instance>]``, each balloon's CPUs and components (a
+  :class:`SavedBalloon` without members); ``m:<container id>``, each member
+  (:class:`MemberPart`: its balloon and when it joined); ``a:<container id>``,
+  each memory allocation. :func:`decode` assembles it as a :class:`BalloonsState`.
+
 A newer version than this code knows is not guessed at: the containers are placed
 anew.
 """
@@ -26,14 +34,28 @@ from typing import Any
 
 import msgspec
 from nri_framework import cpuset
+from nri_framework.journal import StateChanges
 
 from nri_balloons.balloon import Balloon, Member
 from nri_balloons.config import BalloonType
 from nri_balloons.memzones import MemoryAllocation
 
-__all__ = ["STATE_VERSION", "BalloonsState", "SavedBalloon", "decode", "rebuild", "snapshot"]
+__all__ = [
+    "STATE_VERSION",
+    "BalloonsState",
+    "MemberPart",
+    "SavedBalloon",
+    "StateTracker",
+    "decode",
+    "parts",
+    "rebuild",
+    "snapshot",
+]
 
-STATE_VERSION = 2
+#: The version :func:`parts` writes (keyed).
+STATE_VERSION = 3
+#: The version of :class:`BalloonsState` (whole; what versions 1 and 3 decode as).
+WHOLE_VERSION = 2
 
 
 class SavedBalloon(msgspec.Struct, kw_only=True):
@@ -49,7 +71,7 @@ class SavedBalloon(msgspec.Struct, kw_only=True):
 class BalloonsState(msgspec.Struct, kw_only=True):
     """The saved state of the balloons policy: every top-level balloon."""
 
-    version: int = STATE_VERSION
+    version: int = WHOLE_VERSION
     balloons: list[SavedBalloon] = []
     memory: list[MemoryAllocation] = []
     """the containers' memory allocations (libmem's requests and zones)"""
@@ -83,6 +105,71 @@ def _upgrade(b: _BalloonV1) -> SavedBalloon:
     )
 
 
+class MemberPart(msgspec.Struct, kw_only=True):
+    """One member in the keyed state (version 3)."""
+
+    balloon: str
+    """the key of its balloon (``b:<type>[<instance>]``)"""
+    joined: int
+    """when it joined, relative to the others (their order in the balloon)"""
+    member: Member
+
+
+def balloon_key(b: Balloon) -> str:
+    return f"b:{b.name}"
+
+
+def _saved(b: Balloon, members: bool = True) -> SavedBalloon:
+    return SavedBalloon(
+        type=b.bdef.name,
+        instance=b.instance,
+        cpus=cpuset.format(b.cpus),
+        components=[_saved(c) for c in b.components],
+        members=list(b.members.values()) if members else [],
+    )
+
+
+def _member_part(b: Balloon, cid: str) -> MemberPart:
+    return MemberPart(balloon=balloon_key(b), joined=b.members.joined[cid], member=b.members[cid])
+
+
+def parts(balloons: list[Balloon], memory: Mapping[str, MemoryAllocation]) -> dict[str, Any]:
+    """The keyed state (version 3) of ``balloons`` (the policy's top-level
+    balloons) and the containers' ``memory`` allocations (by id)."""
+    out: dict[str, Any] = {"version": STATE_VERSION, "balloons": [balloon_key(b) for b in balloons]}
+    for b in balloons:
+        out[balloon_key(b)] = _saved(b, members=False)
+    for b in balloons:
+        for cid in b.members:
+            out[f"m:{cid}"] = _member_part(b, cid)
+    for rid, m in memory.items():
+        out[f"a:{rid}"] = m
+    return out
+
+
+def _assemble(saved: dict[str, Any]) -> BalloonsState:
+    """A keyed state (version 3) as the whole one."""
+    if any(not isinstance(v, (dict, list, int, str)) for v in saved.values()):
+        saved = msgspec.msgpack.decode(msgspec.msgpack.encode(saved))  # Structs, in process
+    order = msgspec.convert(saved.get("balloons"), list[str], strict=True)
+    balloons = {key: msgspec.convert(saved[key], SavedBalloon, strict=True) for key in order}
+    members: list[MemberPart] = []
+    memory: list[MemoryAllocation] = []
+    for key, part in saved.items():
+        if key.startswith("m:"):
+            members.append(msgspec.convert(part, MemberPart, strict=True))
+        elif key.startswith("a:"):
+            memory.append(msgspec.convert(part, MemoryAllocation, strict=True))
+    members.sort(key=operator.attrgetter("joined"))
+    for m in members:
+        bln = balloons.get(m.balloon)
+        if bln is None:
+            raise ValueError(f"member {m.member.id} of unknown balloon {m.balloon}")
+        bln.members.append(m.member)
+    memory.sort(key=operator.attrgetter("created"))
+    return BalloonsState(balloons=list(balloons.values()), memory=memory)
+
+
 def decode(saved: Any) -> BalloonsState | None:
     """``saved`` (a :class:`BalloonsState`, or what JSON or msgpack decoded) as the
     current version; ``None`` when it holds no balloons state at all. Raises
@@ -96,8 +183,10 @@ def decode(saved: Any) -> BalloonsState | None:
     if version == 1:
         old = msgspec.convert(saved, _StateV1, strict=True)
         return BalloonsState(balloons=[_upgrade(b) for b in old.balloons])
-    if version == STATE_VERSION:
+    if version == WHOLE_VERSION:
         return msgspec.convert(saved, BalloonsState, strict=True)
+    if version == STATE_VERSION:
+        return _assemble(saved)
     raise ValueError(f"unknown balloons state version {version!r}")
 
 
@@ -107,16 +196,76 @@ def snapshot(
     """The state to save for ``balloons`` (the policy's top-level balloons) and
     the containers' ``memory`` allocations."""
 
-    def saved(b: Balloon) -> SavedBalloon:
-        return SavedBalloon(
-            type=b.bdef.name,
-            instance=b.instance,
-            cpus=cpuset.format(b.cpus),
-            components=[saved(c) for c in b.components],
-            members=list(b.members.values()),
-        )
+    return BalloonsState(balloons=[_saved(b) for b in balloons], memory=list(memory or ()))
 
-    return BalloonsState(balloons=[saved(b) for b in balloons], memory=list(memory or ()))
+
+def _shape(b: Balloon) -> tuple[Any, ...]:
+    """What a balloon's part holds (members aside): its CPUs and components'."""
+    return tuple((c.bdef.name, c.instance, c.cpus) for c in b.walk())
+
+
+class StateTracker:
+    """Which parts of the keyed state changed since the last record: the
+    members each balloon's :class:`~nri_balloons.balloon.Members` saw change,
+    the memory allocations the allocator saw change, and the balloons (a walk
+    of the top-level balloons, not of their members: their CPUs and
+    components compared with the last record's)."""
+
+    def __init__(self) -> None:
+        self.reset = True
+        """the next record is the whole state (a restore, a new configuration)"""
+        self._balloons: dict[str, tuple[Balloon, tuple[Any, ...]]] = {}
+        self._order: list[str] = []
+        self._memory: object = None
+
+    def changes(
+        self, balloons: list[Balloon], owner: Mapping[str, Balloon], memory: Any
+    ) -> StateChanges:
+        """The parts changed since the last call; ``owner`` is the policy's
+        container id -> balloon, ``memory`` its
+        :class:`~nri_balloons.memplacement.MemoryPlacer`."""
+        order = [balloon_key(b) for b in balloons]
+        if self.reset or memory is not self._memory:
+            self.reset = False
+            self._memory = memory
+            memory.take_changes()
+            for b in balloons:
+                b.members.changed.clear()
+            self._balloons = {k: (b, _shape(b)) for k, b in zip(order, balloons, strict=True)}
+            self._order = order
+            return StateChanges(reset=True)
+        out: dict[str, Any] = {}
+        members: set[str] = set()
+        seen: dict[str, tuple[Balloon, tuple[Any, ...]]] = {}
+        for key, b in zip(order, balloons, strict=True):
+            shape = _shape(b)
+            last = self._balloons.get(key)
+            if last is None or last[0] is not b:
+                out[key] = _saved(b, members=False)
+                members.update(b.members)
+                if last is not None:
+                    members.update(last[0].members)
+            elif last[1] != shape:
+                out[key] = _saved(b, members=False)
+            members.update(b.members.changed)
+            b.members.changed.clear()
+            seen[key] = (b, shape)
+        for key, (b, _) in self._balloons.items():
+            if key not in seen:
+                out[key] = None
+                members.update(b.members, b.members.changed)
+                b.members.changed.clear()
+        for cid in members:
+            b = owner.get(cid)
+            held = b is not None and cid in b.members and balloon_key(b) in seen
+            out[f"m:{cid}"] = _member_part(b, cid) if held and b is not None else None
+        for rid, m in memory.take_changes().items():
+            out[f"a:{rid}"] = m
+        if order != self._order:
+            out["balloons"] = order
+            self._order = order
+        self._balloons = seen
+        return StateChanges(parts=out)
 
 
 def rebuild(

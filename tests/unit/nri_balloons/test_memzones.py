@@ -242,13 +242,13 @@ def test_the_policy_accounts_limits_and_a_failed_reconfigure_keeps_them() -> Non
     with pytest.raises(BalloonsError, match=r"^balloons: config update failed: "):
         policy.reconfigure(prepared(IMPOSSIBLE), running)
     assert policy.pinning(lambda _pid: pod) == pins
-    assert [m.id for m in policy.export().memory] == ["c0", "c1"]
+    assert [m.id for m in decode(policy.export()).memory] == ["c0", "c1"]
     # a new configuration (no memoryTypes): a new allocator, every container
     # allocated again in order (a kept zone would only grow: 0,2-3)
     policy.reconfigure(prepared(HBM_TYPE.replace(", memoryTypes: [HBM]", "")), running)
     pins = policy.pinning(lambda _pid: pod)
     assert pins["c0"][1] == pins["c1"][1] and len(pins["c0"][1]) == 1, pins
-    assert [m.limit for m in policy.export().memory] == [300 * M, 800 * M]
+    assert [m.limit for m in decode(policy.export()).memory] == [300 * M, 800 * M]
 
 
 def test_log_debug_star_debugs_libmem() -> None:
