@@ -1,5 +1,7 @@
 """The decision journal: records written before the reply, replayed over the
-snapshot, a torn tail cut off, compaction by sequence number and by size.
+snapshot, a torn tail cut off, compaction by sequence number and by size; the
+records of a policy with keyed state (``policy_state_changes``), the files of
+the format before keyed states, the snapshot that waits for a quiet node.
 
 The tests run inside the event loop (``async``): there the snapshot waits
 for its coalescing delay, so what a restart finds is the journal's doing."""
@@ -10,13 +12,15 @@ import asyncio
 import logging
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
-from nri_framework import statefile
+from nri_framework import cpuset, statefile
+from nri_framework.hookspecs import hookimpl
 from nri_framework.host import PolicyHost
-from nri_framework.journal import HEADER, Decision, frame
-from nri_framework.model import Container, CpuResources, Event, Pod, Resources
+from nri_framework.journal import HEADER, Decision, Journal, StateChanges, frame
+from nri_framework.model import Container, CpuResources, CreateResult, Event, Pod, Resources, Update
 from nri_framework.policies.pinner import Pinner
 
 POD = Pod(id="p", name="pod")
@@ -166,3 +170,149 @@ async def test_an_unwritable_journal_is_logged_once_and_decisions_go_on(
     b = h.create_container(POD, guaranteed("b", 1))
     assert a.adjustment and b.adjustment
     assert caplog.text.count("cannot write the decision journal") == 1
+
+
+# -- keyed policy state ----------------------------------------------------------------
+#
+# The policy is KeyedPinner, the framework's pinner with its state split in
+# parts: a stand-in of ours, small, for a policy with keyed state (the balloons
+# policy's is tested in tests/unit/nri_balloons/test_state_parts.py and,
+# through real processes, by the restart and fault suites).
+
+
+class KeyedPinner(Pinner):
+    """The pinner, its state one part per exclusive container (``x:<id>``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed: set[str] = set()
+
+    @hookimpl
+    def policy_export_state(self) -> Any:
+        return {f"x:{cid}": cpuset.format(m) for cid, m in self.exclusive.items()}
+
+    @hookimpl
+    def policy_state_changes(self) -> StateChanges:
+        parts = {
+            f"x:{cid}": cpuset.format(m) if (m := self.exclusive.get(cid)) is not None else None
+            for cid in self.changed
+        }
+        self.changed.clear()
+        return StateChanges(parts=parts)
+
+    @hookimpl
+    def nri_synchronize(
+        self, pods: list[Pod], containers: list[Container], saved_state: Any
+    ) -> list[Update]:
+        saved = saved_state if isinstance(saved_state, dict) else {}
+        if any(k.startswith("x:") for k in saved):
+            saved = {"exclusive": {k[2:]: v for k, v in saved.items() if k.startswith("x:")}}
+        return super().nri_synchronize(pods=pods, containers=containers, saved_state=saved)
+
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> CreateResult:
+        self.changed.add(container.id)
+        return super().nri_create_container(pod=pod, container=container)
+
+    def release(self, container_id: str) -> list[Update]:
+        self.changed.add(container_id)
+        return super().release(container_id)
+
+
+def keyed_host(tmp_path: Path) -> PolicyHost:
+    return PolicyHost(
+        "pinner", KeyedPinner(), state_dir=tmp_path / "state", host_root=sysfs(tmp_path)
+    )
+
+
+def records(tmp_path: Path) -> list[Decision]:
+    return list(Journal(journal_path(tmp_path)).replay())
+
+
+async def test_each_record_holds_the_parts_its_decision_changed(tmp_path: Path) -> None:
+    first = keyed_host(tmp_path)
+    first.synchronize([], [])
+    first.create_container(POD, guaranteed("a", 2))
+    first.save_now()  # a snapshot of parts: "a"
+    first.create_container(POD, guaranteed("b", 1))
+    first.create_container(POD, guaranteed("c", 1))
+    first.notify(Event.REMOVE_CONTAINER, POD, guaranteed("b", 1))
+    got = records(tmp_path)
+    assert [d.parts for d in got] == [{"x:b": "5"}, {"x:c": "4"}, {"x:b": None}]
+    assert not any(d.parts_reset or isinstance(d.policy_state, msgspec.Raw) for d in got)
+    # the process dies: the snapshot's parts with the records merged over them
+    again = keyed_host(tmp_path)
+    assert restored(again, guaranteed("a", 2), guaranteed("c", 1)) == {"a": "6-7", "c": "4"}
+
+
+async def test_the_first_record_of_a_process_is_the_whole_state(tmp_path: Path) -> None:
+    # what the disk has is a whole state (the format before keyed states, or
+    # another policy version's): the first record replaces it, part for part
+    first = PolicyHost("pinner", Pinner(), state_dir=tmp_path / "state", host_root=sysfs(tmp_path))
+    first.synchronize([], [])
+    first.create_container(POD, guaranteed("a", 2))
+    first.save_now()
+    second = keyed_host(tmp_path)
+    assert restored(second, guaranteed("a", 2)) == {"a": "6-7"}
+    second.create_container(POD, guaranteed("b", 1))
+    first_record = records(tmp_path)[0]
+    assert first_record.parts_reset and first_record.parts == {"x:a": "6-7"}
+    third = keyed_host(tmp_path)
+    assert restored(third, guaranteed("a", 2), guaranteed("b", 1)) == {"a": "6-7", "b": "5"}
+
+
+def old_format(tmp_path: Path) -> None:
+    """A snapshot (version 1) and a journal as the code before keyed states
+    wrote them: the policy's state whole, in the snapshot and in a record."""
+    state = tmp_path / "state"
+    state.mkdir(parents=True)
+    pod = {"id": "p", "name": "pod"}
+    a = msgspec.to_builtins(guaranteed("a", 2))
+    (state / "pinner.state.json").write_bytes(
+        msgspec.json.encode(
+            {
+                "version": 1,
+                "policy": "pinner",
+                "seq": 1,
+                "pods": {"p": pod},
+                "containers": {"a": a},
+                "policy_state": {"exclusive": {"a": "6-7"}},
+            }
+        )
+    )
+    b = msgspec.to_builtins(guaranteed("b", 1))
+    # a record's policy_state: the whole state, msgpack-encoded (Raw)
+    whole = msgspec.Raw(msgspec.msgpack.encode({"exclusive": {"a": "6-7", "b": "5"}}))
+    payload = msgspec.msgpack.encode({"seq": 2, "containers": {"b": b}, "policy_state": whole})
+    (state / "pinner.journal").write_bytes(frame(payload))
+
+
+async def test_the_files_of_the_format_before_still_read(tmp_path: Path) -> None:
+    old_format(tmp_path)
+    h = PolicyHost("pinner", Pinner(), state_dir=tmp_path / "state", host_root=sysfs(tmp_path))
+    assert h.statefile.seq == 2
+    saved = h.statefile.load()
+    assert saved is not None and set(saved.containers) == {"a", "b"}  # snapshot and record
+    assert restored(h, guaranteed("a", 2), guaranteed("b", 1)) == {"a": "6-7", "b": "5"}
+    keyed = tmp_path / "keyed"
+    old_format(keyed)
+    k = keyed_host(keyed)
+    assert restored(k, guaranteed("a", 2), guaranteed("b", 1)) == {"a": "6-7", "b": "5"}
+
+
+async def test_the_snapshot_waits_for_a_quiet_node(tmp_path: Path) -> None:
+    snapshot = tmp_path / "state/pinner.state.json"
+    h = keyed_host(tmp_path)
+    h.synchronize([], [])
+    h.create_container(POD, guaranteed("a", 1))
+    # a change before the quiet delay is over puts the snapshot off
+    await asyncio.sleep(statefile.SAVE_DELAY / 2)
+    h.create_container(POD, guaranteed("b", 1))
+    await asyncio.sleep(statefile.SAVE_DELAY * 0.7)  # past the first change's delay
+    assert not snapshot.exists()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not snapshot.exists():
+        assert loop.time() < deadline, "no snapshot once the node was quiet"
+        await asyncio.sleep(0.05)
+    assert journal_path(tmp_path).stat().st_size == 0
