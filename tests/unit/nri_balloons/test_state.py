@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsPolicy
-from nri_balloons.state import STATE_VERSION, BalloonsState, decode
+from nri_balloons.state import STATE_VERSION, decode
 from nri_balloons.validation import validate
 from nri_framework.simulate.topologies import N4C16
 from nri_framework.statefile import SavedState

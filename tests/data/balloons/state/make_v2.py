@@ -9,9 +9,9 @@ import msgspec
 from nri_balloons.configyaml import load_policy
 from nri_balloons.policy import BalloonsPolicy
 from nri_balloons.validation import validate
-from nri_framework.statefile import SavedState
 from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.sysfs import write_topology
+from nri_framework.statefile import SavedState
 from nri_framework.topology import Topology
 
 out = Path(sys.argv[1])
