@@ -169,7 +169,13 @@ class StateFile:
                     )
             else:
                 decision.parts = delta.parts
-            self.journal.append(decision)
+            try:
+                self.journal.append(decision)
+            except (msgspec.EncodeError, TypeError, OverflowError) as exc:  # a policy bug
+                log.error("cannot journal the policy's state: %s", exc)
+                decision.parts, decision.parts_reset = {}, False
+                self._keyed = False  # the next record is the whole state again
+                self.journal.append(decision)
             return
         try:
             policy_state = msgspec.msgpack.encode(export())

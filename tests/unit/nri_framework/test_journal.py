@@ -316,3 +316,28 @@ async def test_the_snapshot_waits_for_a_quiet_node(tmp_path: Path) -> None:
         assert loop.time() < deadline, "no snapshot once the node was quiet"
         await asyncio.sleep(0.05)
     assert journal_path(tmp_path).stat().st_size == 0
+
+
+class BrokenKeyedPinner(KeyedPinner):
+    """A policy bug: a part msgspec cannot encode."""
+
+    @hookimpl
+    def policy_state_changes(self) -> StateChanges:
+        changes = super().policy_state_changes()
+        return StateChanges(parts={**changes.parts, "x:bad": object()})
+
+
+async def test_an_unencodable_part_is_logged_and_the_decision_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = PolicyHost(
+        "pinner", BrokenKeyedPinner(), state_dir=tmp_path / "state", host_root=sysfs(tmp_path)
+    )
+    h.synchronize([], [])
+    a = h.create_container(POD, guaranteed("a", 2))
+    assert a.adjustment and a.adjustment.resources
+    assert "cannot journal the policy's state" in caplog.text
+    # the cache entry is journaled all the same, and the next record is whole
+    again = keyed_host(tmp_path)
+    assert again.statefile.load() is not None
+    assert "a" in (again.statefile.load() or statefile.SavedState()).containers
