@@ -34,6 +34,9 @@ class Cache:
         self.dirty_pods: set[str] = set()
         self.dirty_containers: set[str] = set()
         self.dirty_all = False
+        #: container id -> (the container, what is stored of it): a container
+        #: unchanged since (the same object) is not copied again
+        self._stored_of: dict[str, tuple[Container, Container]] = {}
 
     def replace(self, pods: list[Pod], containers: list[Container]) -> None:
         """Everything the runtime reported (Synchronize)."""
@@ -66,13 +69,22 @@ class Cache:
             self.containers[container_id] = msgspec.structs.replace(c, state=state)
             self.dirty_containers.add(container_id)
 
-    @staticmethod
-    def _stored(c: Container) -> Container:
-        return msgspec.structs.replace(c, args=[], env=[])
+    def _stored(self, c: Container) -> Container:
+        """What is persisted of ``c``: all but the bulky argv and environment
+        (kept while ``c`` is the cache's entry: snapshots copy what changed)."""
+        known = self._stored_of.get(c.id)
+        if known is not None and known[0] is c:
+            return known[1]
+        stored = msgspec.structs.replace(c, args=[], env=[])
+        self._stored_of[c.id] = (c, stored)
+        return stored
 
     def snapshot(self) -> tuple[dict[str, Pod], dict[str, Container]]:
         """What to persist: everything but the bulky argv and environment."""
-        return dict(self.pods), {cid: self._stored(c) for cid, c in self.containers.items()}
+        containers = {cid: self._stored(c) for cid, c in self.containers.items()}
+        if len(self._stored_of) > len(containers):  # forget the containers gone
+            self._stored_of = {cid: self._stored_of[cid] for cid in containers}
+        return dict(self.pods), containers
 
     def take_changes(self, seq: int) -> Decision:
         """A journal record of what changed since the last one (and forget it)."""

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 from nri_framework import cpuset, statefile
+from nri_framework.cache import Cache
 from nri_framework.hookspecs import hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.journal import HEADER, Decision, Journal, StateChanges, frame
@@ -341,3 +342,19 @@ async def test_an_unencodable_part_is_logged_and_the_decision_goes_on(
     again = keyed_host(tmp_path)
     assert again.statefile.load() is not None
     assert "a" in (again.statefile.load() or statefile.SavedState()).containers
+
+
+def test_the_snapshot_copies_what_changed_and_strips_argv_and_environment() -> None:
+    cache = Cache()
+    c = msgspec.structs.replace(guaranteed("a", 1), args=["sleep"], env=["SECRET=1"])
+    cache.put_container(c)
+    cache.put_container(guaranteed("b", 1))
+    _, first = cache.snapshot()
+    assert (first["a"].args, first["a"].env, first["a"].pod_sandbox_id) == ([], [], "p")
+    cache.record("a", Resources(cpu=CpuResources(cpus="3")))
+    cache.nri_remove_container(POD, guaranteed("b", 1))
+    _, second = cache.snapshot()
+    assert set(second) == {"a"}
+    assert second["a"].resources and second["a"].resources.cpu
+    assert second["a"].resources.cpu.cpus == "3"  # not the copy of the first snapshot
+    assert second["a"].env == []
