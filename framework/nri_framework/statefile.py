@@ -157,6 +157,7 @@ class StateFile:
         decision = cache.take_changes(self.seq)
         delta = changes() if changes is not None else None
         if delta is not None:
+            self._policy_state = b""  # a whole record after keyed ones is never left out
             if delta.reset or not self._keyed:
                 parts = export()
                 if isinstance(parts, dict):
@@ -177,6 +178,7 @@ class StateFile:
                 self._keyed = False  # the next record is the whole state again
                 self.journal.append(decision)
             return
+        self._keyed = False  # a keyed record after this one starts whole again
         try:
             policy_state = msgspec.msgpack.encode(export())
         except (msgspec.EncodeError, TypeError, OverflowError) as exc:  # a policy bug

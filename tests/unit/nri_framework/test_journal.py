@@ -358,3 +358,33 @@ def test_the_snapshot_copies_what_changed_and_strips_argv_and_environment() -> N
     assert second["a"].resources and second["a"].resources.cpu
     assert second["a"].resources.cpu.cpus == "3"  # not the copy of the first snapshot
     assert second["a"].env == []
+
+
+class AbsentKeyedPinner(KeyedPinner):
+    """A keyed policy that now and then has no state to give (``None`` from
+    both hooks: a policy not set up yet)."""
+
+    absent = False
+
+    @hookimpl
+    def policy_export_state(self) -> Any:
+        return None if self.absent else super().policy_export_state()
+
+    @hookimpl
+    def policy_state_changes(self) -> StateChanges | None:
+        return None if self.absent else super().policy_state_changes()
+
+
+async def test_a_keyed_record_after_a_whole_one_is_whole(tmp_path: Path) -> None:
+    policy = AbsentKeyedPinner()
+    h = PolicyHost("pinner", policy, state_dir=tmp_path / "state", host_root=sysfs(tmp_path))
+    h.synchronize([], [])
+    h.create_container(POD, guaranteed("a", 2))
+    policy.absent = True
+    h.create_container(POD, guaranteed("b", 1))  # a whole record: no state
+    policy.absent = False
+    h.create_container(POD, guaranteed("c", 1))  # parts again: over no state
+    assert records(tmp_path)[-1].parts_reset
+    again = keyed_host(tmp_path)
+    got = restored(again, guaranteed("a", 2), guaranteed("b", 1), guaranteed("c", 1))
+    assert got == {"a": "6-7", "b": "5", "c": "4"}
