@@ -225,9 +225,12 @@ def test_sigkill_and_restart_resynchronizes(plugins: PluginFactory, cri: CRIClie
     before = {"g": observed_cpus(cri, gpod, gid), "s": observed_cpus(cri, spod, sid)}
     expect_cpus("1", before["g"])
     expect_cpus("0", before["s"])
-    time.sleep(0.2)  # > the host's state-save delay
+    # the snapshot, once the node has been quiet for the host's SAVE_DELAY
     state_file = first.state_dir / "pinner.state.json"
-    assert state_file.is_file()
+    deadline = time.monotonic() + 10
+    while not state_file.is_file():
+        assert time.monotonic() < deadline, "no state snapshot once the node was quiet"
+        time.sleep(0.05)
 
     assert first.kill(signal.SIGKILL) == -signal.SIGKILL
     t0 = time.monotonic()
