@@ -150,8 +150,12 @@ class StateFile:
         """One journal record: the cache entries that changed, the policy's
         state if it did (one small ``write(2)``; see :mod:`nri_framework.journal`):
         the parts ``changes`` names when the policy's state is keyed, else the
-        whole ``export`` when it differs from the last one."""
+        whole ``export`` when it differs from the last one. Without a journal
+        what changed is forgotten all the same (it would pile up)."""
         if self.journal is None:
+            cache.clear_changes()
+            if changes is not None:
+                changes()
             return
         self.seq += 1
         decision = cache.take_changes(self.seq)

@@ -388,3 +388,14 @@ async def test_a_keyed_record_after_a_whole_one_is_whole(tmp_path: Path) -> None
     again = keyed_host(tmp_path)
     got = restored(again, guaranteed("a", 2), guaranteed("b", 1), guaranteed("c", 1))
     assert got == {"a": "6-7", "b": "5", "c": "4"}
+
+
+async def test_without_a_state_dir_what_changed_does_not_pile_up(tmp_path: Path) -> None:
+    policy = KeyedPinner()
+    h = PolicyHost("pinner", policy, state_dir=None, host_root=sysfs(tmp_path))
+    h.synchronize([], [])
+    for i in range(20):
+        h.create_container(POD, guaranteed(f"c{i}", 1))
+        h.notify(Event.REMOVE_CONTAINER, POD, guaranteed(f"c{i}", 1))
+    assert not h.cache.dirty_containers and not h.cache.dirty_pods
+    assert not policy.changed  # the policy was asked for its changes: it forgot them
