@@ -129,8 +129,11 @@ def policy_export_state() -> Any:
 
     Called after every change the host has applied, before the reply that
     announces it leaves (the host journals it: see :mod:`nri_framework.journal`),
-    so keep it cheap. The value must be serializable by msgspec (Structs,
-    dicts, lists, strings, numbers). It is handed back, decoded as plain
+    so keep it cheap; or, for a policy with keyed state
+    (:func:`policy_state_changes`), only for the snapshot, off the reply
+    path, and for the first record of a process. The value must be
+    serializable by msgspec (Structs, dicts, lists, strings, numbers). It is
+    handed back, decoded as plain
     builtins, through the ``saved_state`` argument of :func:`nri_synchronize`
     after a restart.
     """
