@@ -31,7 +31,13 @@ from nri_framework.registry import (
     load_command,
     load_policy,
 )
-from nri_framework.startup import PeerWatch, Startup, state_dir_obstacle, sysfs_obstacle
+from nri_framework.startup import (
+    PeerWatch,
+    Startup,
+    settle_heap,
+    state_dir_obstacle,
+    sysfs_obstacle,
+)
 from nri_framework.stub import DEFAULT_SOCKET, PluginStub, StubOptions
 
 if TYPE_CHECKING:
@@ -179,6 +185,7 @@ async def start(
             return 1
         if host is None:
             return 0
+        settle_heap()  # the imports, the policy and its topology live as long as the process
         return await serve(
             host, opts, config_file, metrics_address, agent=agent, instrumentation=instrumentation
         )
