@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from importlib.metadata import EntryPoint
 from typing import TYPE_CHECKING
 
 from nri_sst.retry import Backoff, Obstacle
@@ -41,6 +40,8 @@ from nri_framework.startup import (
 from nri_framework.stub import DEFAULT_SOCKET, PluginStub, StubOptions
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
     from nri_framework.agent.options import AgentOptions
 
 log = logging.getLogger("nri_framework.cli")
@@ -288,11 +289,13 @@ def not_installed(exc: ModuleNotFoundError, command: str, package: str, what: st
 
 
 def build_parser(
-    policy: tuple[str, object] | None = None, *, describe: bool = False
+    policy: tuple[str, object] | None = None, *, describe: bool = False, commands: bool = True
 ) -> argparse.ArgumentParser:
     """The command line; ``policy`` (the name and plugin of ``run --policy``)
     adds its flags to ``run``. ``describe``: load the installed commands for
-    their help lines (only for the top-level ``--help``)."""
+    their help lines (only for the top-level ``--help``). ``commands``: list
+    the installed commands at all (``run`` does not need them: their lookup
+    would import :mod:`importlib.metadata` before the plugin registers)."""
     parser = argparse.ArgumentParser(prog="nri-resource-policy", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -306,7 +309,7 @@ def build_parser(
         "inspect", help="print a running plugin's balloons, containers and CPUs", add_help=False
     )
     inspect.add_argument("rest", nargs=argparse.REMAINDER)
-    for name, ep in installed_commands().items():
+    for name, ep in (installed_commands() if commands else {}).items():
         if name not in BUILTIN:
             about = describe_command(ep) if describe else f"from {distribution(ep)}"
             command = sub.add_parser(name, help=about, add_help=False)
@@ -369,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nri-resource-policy: {exc}", file=sys.stderr)
             return 2
     try:
-        parser = build_parser(policy, describe=not argv or argv[0] in ("-h", "--help"))
+        parser = build_parser(
+            policy,
+            describe=not argv or argv[0] in ("-h", "--help"),
+            commands=not argv or argv[0] != "run",
+        )
     except PolicyError as exc:
         print(f"nri-resource-policy: {exc}", file=sys.stderr)
         return 2
