@@ -28,7 +28,8 @@ def path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     # "hidden" is in both: the first directory's (declaring nothing) hides the second's
     dist(first, "hidden-1.0.dist-info", "[other]\nx = a:b\n")
     dist(second, "hidden-2.0.dist-info", f"[{registry.GROUP}]\nshadowed = mod_s:p\n")
-    dist(first, "one-1.0.dist-info", f"# a comment\n[{registry.GROUP}]\n solo = mod_a : obj.attr \n")
+    solo = f"# a comment\n[{registry.GROUP}]\n solo = mod_a : obj.attr \n"
+    dist(first, "one-1.0.dist-info", solo)
     dist(second, "two-1.0.dist-info", f"[{registry.GROUP}]\ntwice = mod_b:p\n")
     dist(second, "three-1.0.egg-info", f"[{registry.GROUP}]\ntwice = mod_c:p\n")
     dist(second, "none-1.0.dist-info", None)
