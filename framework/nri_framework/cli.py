@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from importlib.metadata import EntryPoint
 from typing import TYPE_CHECKING
 
 from nri_sst.retry import Backoff, Obstacle
@@ -31,10 +30,18 @@ from nri_framework.registry import (
     load_command,
     load_policy,
 )
-from nri_framework.startup import PeerWatch, Startup, state_dir_obstacle, sysfs_obstacle
+from nri_framework.startup import (
+    PeerWatch,
+    Startup,
+    settle_heap,
+    state_dir_obstacle,
+    sysfs_obstacle,
+)
 from nri_framework.stub import DEFAULT_SOCKET, PluginStub, StubOptions
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
     from nri_framework.agent.options import AgentOptions
 
 log = logging.getLogger("nri_framework.cli")
@@ -179,6 +186,7 @@ async def start(
             return 1
         if host is None:
             return 0
+        settle_heap()  # the imports, the policy and its topology live as long as the process
         return await serve(
             host, opts, config_file, metrics_address, agent=agent, instrumentation=instrumentation
         )
@@ -281,11 +289,13 @@ def not_installed(exc: ModuleNotFoundError, command: str, package: str, what: st
 
 
 def build_parser(
-    policy: tuple[str, object] | None = None, *, describe: bool = False
+    policy: tuple[str, object] | None = None, *, describe: bool = False, commands: bool = True
 ) -> argparse.ArgumentParser:
     """The command line; ``policy`` (the name and plugin of ``run --policy``)
     adds its flags to ``run``. ``describe``: load the installed commands for
-    their help lines (only for the top-level ``--help``)."""
+    their help lines (only for the top-level ``--help``). ``commands``: list
+    the installed commands at all (``run`` does not need them: their lookup
+    would import :mod:`importlib.metadata` before the plugin registers)."""
     parser = argparse.ArgumentParser(prog="nri-resource-policy", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -299,7 +309,7 @@ def build_parser(
         "inspect", help="print a running plugin's balloons, containers and CPUs", add_help=False
     )
     inspect.add_argument("rest", nargs=argparse.REMAINDER)
-    for name, ep in installed_commands().items():
+    for name, ep in (installed_commands() if commands else {}).items():
         if name not in BUILTIN:
             about = describe_command(ep) if describe else f"from {distribution(ep)}"
             command = sub.add_parser(name, help=about, add_help=False)
@@ -362,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nri-resource-policy: {exc}", file=sys.stderr)
             return 2
     try:
-        parser = build_parser(policy, describe=not argv or argv[0] in ("-h", "--help"))
+        parser = build_parser(
+            policy,
+            describe=not argv or argv[0] in ("-h", "--help"),
+            commands=not argv or argv[0] != "run",
+        )
     except PolicyError as exc:
         print(f"nri-resource-policy: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from nri_framework.model import (
 from nri_framework.pb import nri_pb2 as pb
 
 _CPU_OPT = ("shares", "quota", "period", "realtime_runtime", "realtime_period")
+_CPU_STRINGS = ("cpus", "mems")
 _MEM_OPT = (
     "limit",
     "reservation",
@@ -37,28 +38,28 @@ _MEM_OPT = (
 )
 
 
+_STATES = {s.value: s for s in ContainerState}
+
+
 def _opt(msg: Any, name: str) -> Any:
     """The value of an ``Optional*`` wrapper field, ``None`` when absent."""
     return getattr(msg, name).value if msg.HasField(name) else None
 
 
+def _wrapped(msg: Any, strings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields set in ``msg`` by name: the ``Optional*`` wrappers' values and,
+    when not empty, the plain string fields ``strings`` (one ``ListFields``
+    instead of a ``HasField`` per field: Synchronize converts 1000 containers)."""
+    return {fd.name: v if fd.name in strings else v.value for fd, v in msg.ListFields()}
+
+
 def resources_from_pb(r: pb.LinuxResources) -> Resources:
     cpu = None
     if r.HasField("cpu"):
-        c = r.cpu
-        cpu = CpuResources(
-            shares=_opt(c, "shares"),
-            quota=_opt(c, "quota"),
-            period=_opt(c, "period"),
-            realtime_runtime=_opt(c, "realtime_runtime"),
-            realtime_period=_opt(c, "realtime_period"),
-            cpus=c.cpus,
-            mems=c.mems,
-        )
+        cpu = CpuResources(**_wrapped(r.cpu, _CPU_STRINGS))
     memory = None
     if r.HasField("memory"):
-        m = r.memory
-        memory = MemoryResources(**{n: _opt(m, n) for n in _MEM_OPT})
+        memory = MemoryResources(**_wrapped(r.memory))
     return Resources(
         cpu=cpu,
         memory=memory,
@@ -129,10 +130,7 @@ def pod_from_pb(p: pb.PodSandbox) -> Pod:
 def container_from_pb(c: pb.Container) -> Container:
     linux = c.linux
     has_res = c.HasField("linux") and linux.HasField("resources")
-    try:
-        state = ContainerState(c.state)
-    except ValueError:
-        state = ContainerState.UNKNOWN
+    state = _STATES.get(c.state, ContainerState.UNKNOWN)
     return Container(
         id=c.id,
         pod_sandbox_id=c.pod_sandbox_id,

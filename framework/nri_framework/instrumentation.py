@@ -70,14 +70,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgspec
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.exposition import choose_encoder
 
 from nri_framework import __version__
 from nri_framework.contract import MetricFamily
@@ -85,6 +77,11 @@ from nri_framework.nri.versions import synchronizes_prelaunched
 from nri_framework.startup import journal_obstacle
 
 if TYPE_CHECKING:
+    # prometheus_client (about 20 ms of imports, with http.server and email) is
+    # imported by the first scrape, not by a start that registers with the runtime
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import HistogramMetricFamily, Metric
+
     from nri_framework.host import PolicyHost
     from nri_framework.startup import PeerWatch, Startup
     from nri_framework.stub import PluginStub
@@ -145,6 +142,8 @@ class RequestLatency:
         self.sums[method] = self.sums.get(method, 0.0) + seconds
 
     def family(self) -> HistogramMetricFamily:
+        from prometheus_client.core import HistogramMetricFamily
+
         fam = HistogramMetricFamily(
             self.NAME,
             "Seconds the plugin took to answer an NRI request, by method",
@@ -208,6 +207,8 @@ class _Collector:
         self.inst = inst
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         host = self.inst.host
         healthy = GaugeMetricFamily(
             HOST_PREFIX + "healthy",
@@ -249,6 +250,8 @@ class _Collector:
 
 def policy_metrics(families: Iterable[MetricFamily]) -> Iterator[Metric]:
     """``prometheus_client`` families of the policy's plain-data ones."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     for fam in families:
         cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
         metric = cls(POLICY_PREFIX + fam.name, fam.help, labels=list(fam.labels), unit=fam.unit)
@@ -299,10 +302,24 @@ class Instrumentation:
         self._moving: asyncio.Task[None] | None = None
         self.started = time.monotonic()
         self.server: asyncio.Server | None = None
-        self.registry = CollectorRegistry(auto_describe=False)
-        for collector in (ProcessCollector, PlatformCollector, GCCollector):
-            collector(registry=self.registry)
-        self.registry.register(_Collector(self))
+        self._registry: CollectorRegistry | None = None
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The collectors, built (and ``prometheus_client`` imported) on first use."""
+        if self._registry is None:
+            from prometheus_client import (
+                CollectorRegistry,
+                GCCollector,
+                PlatformCollector,
+                ProcessCollector,
+            )
+
+            self._registry = CollectorRegistry(auto_describe=False)
+            for collector in (ProcessCollector, PlatformCollector, GCCollector):
+                collector(registry=self._registry)
+            self._registry.register(_Collector(self))
+        return self._registry
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -486,6 +503,8 @@ class Instrumentation:
         return [fam for families in results for fam in families or ()]
 
     def metrics(self, accept: str = "") -> tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+
         encoder, content_type = choose_encoder(accept)
         return encoder(self.registry), content_type
 

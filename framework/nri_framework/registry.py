@@ -14,14 +14,23 @@ of the same name.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
+import os
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from nri_framework import hookspecs
+
+if TYPE_CHECKING:
+    # importlib.metadata (with email and csv, about 20 ms) is imported only when
+    # the declarations must be listed or are not plain: ``run`` reads them itself
+    from importlib.metadata import EntryPoint
 
 GROUP = "nri_resource_policy.policies"
 COMMANDS = "nri_resource_policy.commands"
@@ -49,7 +58,74 @@ class PolicyInfo:
 
 
 def _entry_points(group: str = GROUP) -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points
+
     return {ep.name: ep for ep in entry_points(group=group)}
+
+
+#: ``EntryPoint.pattern``: a module, its attribute path, extras
+_TARGET = re.compile(r"(?P<module>[\w.]+)\s*(:\s*(?P<attr>[\w.]+)\s*)?((?P<extras>\[.*\])\s*)?$")
+_METADATA_DIRS = (".dist-info", ".egg-info")
+
+
+def _only_declaration(group: str, name: str) -> str | None:
+    """The target of entry point ``name`` of ``group`` when exactly one
+    distribution on ``sys.path`` declares it, read from the ``entry_points.txt``
+    files as :mod:`importlib.metadata` reads them; ``None`` (the caller asks
+    :mod:`importlib.metadata`) for anything else: no or several declarations,
+    a zip or an egg on the path, another finder of distributions. As there, the
+    first metadata directory of a distribution name hides later ones (the
+    editable install's ``*.egg-info`` in the current directory hides the
+    ``*.dist-info`` in site-packages)."""
+    import importlib.machinery
+
+    if any(
+        hasattr(f, "find_distributions") and f is not importlib.machinery.PathFinder
+        for f in sys.meta_path
+    ):
+        return None
+    found: list[str] = []
+    dists: set[str] = set()
+    for entry in sys.path:
+        root = entry or "."
+        if root.endswith(".egg"):
+            return None
+        try:
+            children = os.listdir(root)
+        except NotADirectoryError:
+            return None  # a zip archive
+        except OSError:
+            continue
+        for child in children:
+            low = child.lower()
+            if not low.endswith(_METADATA_DIRS):
+                continue
+            if not child.endswith(_METADATA_DIRS):
+                return None  # importlib.metadata names it from its METADATA
+            dist = re.sub(r"[-_.]+", "_", low.rpartition(".")[0].partition("-")[0])
+            if dist in dists:
+                continue
+            dists.add(dist)
+            try:
+                with open(os.path.join(root, child, "entry_points.txt"), encoding="utf-8") as f:
+                    text = f.read()
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                continue
+            except (OSError, UnicodeDecodeError):
+                return None
+            section = None
+            for line in map(str.strip, text.splitlines()):
+                if not line or line.startswith("#"):
+                    continue
+                if line.startswith("[") and line.endswith("]"):
+                    section = line.strip("[]")
+                elif section == group:
+                    if "=" not in line:
+                        return None
+                    key, _, value = line.partition("=")
+                    if key.strip() == name:
+                        found.append(value.strip())
+    return found[0] if len(found) == 1 else None
 
 
 def distribution(ep: EntryPoint) -> str:
@@ -86,6 +162,11 @@ def instantiate(obj: object) -> object:
 
 
 def load_policy(name: str) -> object:
+    target = _only_declaration(GROUP, name)
+    if target is not None and (match := _TARGET.match(target)):
+        module = importlib.import_module(match.group("module"))
+        attrs = filter(None, (match.group("attr") or "").split("."))
+        return instantiate(functools.reduce(getattr, attrs, module))
     eps = _entry_points()
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none"

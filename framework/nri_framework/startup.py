@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import os
 import tempfile
@@ -61,6 +62,18 @@ STATE_DIR_FIX = (
     "the state directory must be a writable directory: chart hostPath volume "
     "resource-policydata (the node's /var/lib/nri-resource-policy at --state-dir)"
 )
+
+
+def settle_heap() -> None:
+    """Move every object alive now (the imports, the policy, the topology, the
+    containers of a Synchronize) into the garbage collector's permanent
+    generation: they live as long as the process, and each full collection
+    otherwise walks all of them again, a pause of milliseconds on the event
+    loop at 1000 containers, the p99 of whichever request it lands in. Objects
+    frozen are still freed when their last reference goes (only a cycle among
+    them would stay), so this is called once after start-up and after each
+    Synchronize."""
+    gc.freeze()
 
 
 def _problem(exc: OSError) -> str:

@@ -40,7 +40,7 @@ from nri_framework.nri.ttrpc import (
 )
 from nri_framework.nri.versions import runtime_nri_version, synchronizes_prelaunched
 from nri_framework.pb import nri_pb2 as pb
-from nri_framework.startup import Pause, nri_socket_obstacle
+from nri_framework.startup import Pause, nri_socket_obstacle, settle_heap
 
 log = logging.getLogger("nri_framework.stub")
 
@@ -341,6 +341,7 @@ class Session:
         resp = pb.SynchronizeResponse()
         for u in updates:
             convert.update_to_pb(u, resp.update.add())
+        settle_heap()  # the containers just converted live on: no full collection walks them
         return wire(resp)
 
     def on_shutdown(self, payload: bytes) -> bytes:

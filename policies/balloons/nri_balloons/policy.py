@@ -331,10 +331,10 @@ class BalloonsPolicy:
         return {
             FillMethod.SAME_GROUP: self._fill_same_group,
             FillMethod.SAME_POD: lambda bdef, m: self._fill_where(
-                bdef, m, lambda b: m.pod_id in b.pod_ids()
+                bdef, m, lambda b: m.pod_id in b.members.pods
             ),
             FillMethod.SAME_NAMESPACE: lambda bdef, m: self._fill_where(
-                bdef, m, lambda b: m.namespace in b.namespaces()
+                bdef, m, lambda b: m.namespace in b.members.namespaces
             ),
             FillMethod.BALANCED: lambda bdef, m: [
                 b for b in self.instances(bdef) if b.free_milli >= m.request
