@@ -104,6 +104,7 @@ class PolicyHost:
         self._sent_pods: set[str] | None = set()
         """pods the runtime sent since :meth:`take_sent_pods` (None: too many to tell)"""
         self._listeners: list[Callable[[], None]] = []
+        self._config_listeners: list[Callable[[], None]] = []
         self.statefile = StateFile(self.state_dir, policy_name)
         self.journal = self.statefile.journal
         self._saved = self.statefile.load()
@@ -150,6 +151,20 @@ class PolicyHost:
         event loop) after every change of placement or configuration: what the
         agent uses to republish NRT zones and extended resources."""
         self._listeners.append(callback)
+
+    def add_config_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (no arguments, must not block) after the runtime's
+        Configure and after every configuration the policy took
+        (:meth:`try_reconfigure`): what follows the configuration alone (the
+        instrumentation endpoint) listens here, not on every decision."""
+        self._config_listeners.append(callback)
+
+    def _configured(self) -> None:
+        for callback in self._config_listeners:
+            try:
+                callback()
+            except Exception:
+                log.exception("configuration listener failed")
 
     def set_update_sender(self, sender: UpdateSender | None) -> None:
         self._update_sender = sender
@@ -215,6 +230,7 @@ class PolicyHost:
                 runtime.request_timeout * 1000,
             )
         self.hook.nri_configure(config=config, runtime=runtime)
+        self._configured()
         return self.event_mask(valid_events(runtime.name, runtime.version, runtime.nri_version))
 
     def synchronize(self, pods: list[Pod], containers: list[Container]) -> list[Update]:
@@ -358,6 +374,7 @@ class PolicyHost:
                 "config update from %s applied, %d container(s) to update", source, len(updates)
             )
             self.changed()
+            self._configured()
             if updates and self._update_sender is not None:
                 failed = await self.update_containers(updates)
                 if failed:
