@@ -230,7 +230,7 @@ async def serve(
     if instrumentation is None:  # no --metrics-address (or not bindable): the configuration's
         instrumentation = Instrumentation(host, stub, "", override=metrics_address)
     instrumentation.attach(host, stub, watch)
-    host.add_listener(instrumentation.follow_policy)
+    host.add_config_listener(instrumentation.follow_policy)
     instrumentation.follow_policy()  # the configuration policy_start applied
     k8s = None
     if watch is not None:

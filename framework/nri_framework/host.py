@@ -57,6 +57,9 @@ PREPARE_TIMEOUT = 30.0
 #: own work (:meth:`PolicyHost.reply_budget`): a quarter, the rest is margin
 #: for the host, the interpreter and a loaded machine.
 REPLY_SHARE = 0.25
+SENT_PODS_MAX = 65536
+"""Pod ids :meth:`PolicyHost.take_sent_pods` remembers between two calls (a
+policy that never asks costs no more than this); past it, it answers "any"."""
 
 
 UpdateSender = Callable[[list[Update]], Awaitable[list[Update]]]
@@ -98,7 +101,10 @@ class PolicyHost:
         #: decision hooks reach the policy alone, notifications every plugin
         self.hook = PolicyHooks(self.pm, policy)
         self._update_sender: UpdateSender | None = None
+        self._sent_pods: set[str] | None = set()
+        """pods the runtime sent since :meth:`take_sent_pods` (None: too many to tell)"""
         self._listeners: list[Callable[[], None]] = []
+        self._config_listeners: list[Callable[[], None]] = []
         self.statefile = StateFile(self.state_dir, policy_name)
         self.journal = self.statefile.journal
         self._saved = self.statefile.load()
@@ -119,11 +125,46 @@ class PolicyHost:
     def containers(self) -> Mapping[str, Container]:
         return self.cache.containers
 
+    def take_sent_pods(self) -> set[str] | None:
+        """The ids of the pods the runtime sent (anew, added or removed) since
+        the last call, and forget them: what a policy that keeps per-pod
+        conclusions reads to know which are stale. ``None``: any may be (more
+        than :data:`SENT_PODS_MAX` since the last call, or a Synchronize)."""
+        sent, self._sent_pods = self._sent_pods, set()
+        return sent
+
+    def _put_pod(self, pod: Pod) -> None:
+        self.cache.put_pod(pod)
+        self._pod_sent(pod.id)
+
+    def _pod_sent(self, pod_id: str) -> None:
+        sent = self._sent_pods
+        if sent is None:
+            return
+        if len(sent) >= SENT_PODS_MAX:  # nobody asks: bounded, then "any"
+            self._sent_pods = None
+            return
+        sent.add(pod_id)
+
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (no arguments, must not block: it runs on the NRI
         event loop) after every change of placement or configuration: what the
         agent uses to republish NRT zones and extended resources."""
         self._listeners.append(callback)
+
+    def add_config_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (no arguments, must not block) after the runtime's
+        Configure and after every configuration the policy took
+        (:meth:`try_reconfigure`): what follows the configuration alone (the
+        instrumentation endpoint) listens here, not on every decision."""
+        self._config_listeners.append(callback)
+
+    def _configured(self) -> None:
+        for callback in self._config_listeners:
+            try:
+                callback()
+            except Exception:
+                log.exception("configuration listener failed")
 
     def set_update_sender(self, sender: UpdateSender | None) -> None:
         self._update_sender = sender
@@ -189,6 +230,7 @@ class PolicyHost:
                 runtime.request_timeout * 1000,
             )
         self.hook.nri_configure(config=config, runtime=runtime)
+        self._configured()
         return self.event_mask(valid_events(runtime.name, runtime.version, runtime.nri_version))
 
     def synchronize(self, pods: list[Pod], containers: list[Container]) -> list[Update]:
@@ -200,6 +242,7 @@ class PolicyHost:
         else:
             state = self._saved.policy_state if self._saved else None
         self.cache.replace(pods, containers)
+        self._sent_pods = None
         updates = (
             self.hook.nri_synchronize(pods=pods, containers=containers, saved_state=state) or []
         )
@@ -245,7 +288,7 @@ class PolicyHost:
         self.changed()
 
     def create_container(self, pod: Pod, container: Container) -> CreateResult:
-        self.cache.put_pod(pod)
+        self._put_pod(pod)
         self.cache.put_container(container)
         result: CreateResult | None = self.hook.nri_create_container(pod=pod, container=container)
         if result is None:
@@ -279,7 +322,7 @@ class PolicyHost:
         return updates
 
     def update_pod_sandbox(self, pod: Pod, resources: Resources) -> None:
-        self.cache.put_pod(pod)
+        self._put_pod(pod)
         self.hook.nri_update_pod_sandbox(pod=pod, resources=resources)
 
     def notify(self, event: Event, pod: Pod, container: Container | None) -> None:
@@ -287,6 +330,7 @@ class PolicyHost:
         hook_name = f"nri_{event.name.lower()}"
         if event is not Event.REMOVE_POD_SANDBOX:
             self.cache.put_pod(pod)
+        self._pod_sent(pod.id)
         if container is not None and event is not Event.REMOVE_CONTAINER:
             self.cache.put_container(container)
         caller = getattr(self.hook, hook_name, None)
@@ -330,6 +374,7 @@ class PolicyHost:
                 "config update from %s applied, %d container(s) to update", source, len(updates)
             )
             self.changed()
+            self._configured()
             if updates and self._update_sender is not None:
                 failed = await self.update_containers(updates)
                 if failed:

@@ -348,8 +348,9 @@ class Instrumentation:
 
     def follow_policy(self) -> None:
         """Serve where the policy's configuration asks
-        (:func:`~nri_framework.hookspecs.policy_instrumentation`): the host's change
-        listener, so it runs after every (re)configuration. Only a changed answer
+        (:func:`~nri_framework.hookspecs.policy_instrumentation`): the host's
+        configuration listener, so it runs after every (re)configuration (not
+        after every decision). Only a changed answer
         acts; the move runs in a task (latest answer wins), never on the reply path.
         With :attr:`override` the answer is ignored, said once per answer."""
         if self.host is None:

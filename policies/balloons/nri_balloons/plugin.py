@@ -621,16 +621,30 @@ class Balloons:
     # -- NRI -------------------------------------------------------------------------
 
     def _updates(self, skip: str = "") -> list[Update]:
-        """Updates for every container whose pinning changed since it was last sent."""
+        """Updates for every container whose pinning changed since it was last
+        sent, looking at what the decisions since changed alone
+        (:meth:`BalloonsPolicy.pinning_changes`)."""
         assert self.policy is not None
         assert self.host is not None
-        now = self.policy.pinning(self.host.pods.get)
+        changes = self.policy.pinning_changes(self.host.pods.get, self.host.take_sent_pods())
         updates = []
-        for cid, (cpus, mems) in now.items():
-            if cid != skip and self.pins.get(cid) != (cpus, mems):
-                updates.append(Update(container_id=cid, resources=cpu_pin(cpus, mems)))
-        self.pins = now
+        pins = self.pins
+        for cid, pin in changes.items():
+            if pin is None:
+                pins.pop(cid, None)
+                continue
+            if cid != skip and pins.get(cid) != pin:
+                updates.append(Update(container_id=cid, resources=cpu_pin(*pin)))
+            pins[cid] = pin
         return updates
+
+    def _all_updates(self) -> list[Update]:
+        """Updates for every container the policy pins (after Synchronize)."""
+        assert self.policy is not None
+        assert self.host is not None
+        self.host.take_sent_pods()
+        self.pins = self.policy.pinning(self.host.pods.get)
+        return [Update(container_id=cid, resources=cpu_pin(*pin)) for cid, pin in self.pins.items()]
 
     @hookimpl
     def nri_synchronize(
@@ -652,8 +666,7 @@ class Balloons:
             except BalloonsError as exc:
                 log.warning("allocating resources for Sync produced an error: %s", exc)
         self.commit(wait)
-        self.pins = {}
-        return self._updates()
+        return self._all_updates()
 
     @hookimpl
     def nri_create_container(self, pod: Pod, container: Container) -> CreateResult | None:

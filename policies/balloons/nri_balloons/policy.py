@@ -18,7 +18,7 @@ import functools
 import logging
 import math
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
@@ -117,9 +117,6 @@ class BalloonsPolicy:
         """(namespace, pod, container) -> the devices the kubelet assigned to it,
         from the plugin's pod-resources cache (None: ``agent.podResourceAPI`` off)"""
         self.memory = MemoryPlacer(topology)
-        self._member_annotations: dict[str, _MemberAnnotations] = {}
-        """container id -> what its pod's annotations say to :meth:`pinning`,
-        read again only when the runtime sent the pod anew"""
         self._pinned: dict[int, _PinnedBalloon] = {}
         """id(balloon) -> its pins as the last pinning gave them"""
         self._pinned_memory = self.memory
@@ -127,6 +124,16 @@ class BalloonsPolicy:
         """:attr:`MemoryPlacer.moves` when the pins were computed"""
         self.state_tracker = StateTracker()
         """what changed in the saved state since the journal's last record"""
+        self._pins: dict[str, tuple[str, str]] = {}
+        """the last pinning, whole (what :meth:`pinning_changes` changes)"""
+        self._entry_of: dict[str, _PinnedBalloon] = {}
+        """container id -> the part of the last pinning that pinned it"""
+        self._pod_members: dict[str, set[str]] = {}
+        """pod id -> the containers of the last pinning in that pod"""
+        self._allocated: dict[str, int] = {}
+        """container id -> memory nodes the last pinning allocated to it"""
+        self._touched: set[str] = set()
+        """containers allocated or released since the last pinning"""
 
     def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
         """CPU priorities found after start (a late SST helper): the allocations
@@ -573,6 +580,7 @@ class BalloonsPolicy:
         if member.group:
             bln.groups[member.group] += 1
         self.owner[member.id] = bln
+        self._touched.add(member.id)
         self.memory.note(member.id, memory_limit(container), qos_class(pod, container))
         self._share_idle()
         log.info("assigning container %s to balloon %s", member.pretty, bln)
@@ -580,6 +588,7 @@ class BalloonsPolicy:
 
     def release(self, container_id: str) -> None:
         self.memory.release(container_id)  # upstream dismissContainer: libmem Release
+        self._touched.add(container_id)
         bln = self.owner.pop(container_id, None)
         if bln is None:
             log.debug(
@@ -619,28 +628,174 @@ class BalloonsPolicy:
             out = self._pinning(pod_of, reuse=False)  # an allocation moved someone
         return out
 
+    def pinning_changes(
+        self, pod_of: Callable[[str], Pod | None], sent_pods: Iterable[str] | None
+    ) -> dict[str, tuple[str, str] | None]:
+        """What may have changed since the last pinning (this or :meth:`pinning`),
+        computed from what changed alone: container id -> its (cpus, mems) now,
+        or ``None`` when it is no longer pinned. It holds every member of each
+        balloon whose CPUs, options or members changed or that has a member of
+        one of ``sent_pods`` (pods the runtime sent anew since; ``None``: any
+        may have been, every balloon is computed again), and every
+        container allocated or released since; any other container's pins are
+        those of the last pinning. After a memory allocation moved a container,
+        every balloon is computed again (as :meth:`pinning` does) and every pin
+        is in it."""
+        if sent_pods is None or not self._reusable():
+            last = self._pins  # pinning() makes a new one
+            return _with_gone(self.pinning(pod_of), last)
+        assert self.config is not None
+        pin_cpu = self.config.spec.pin_cpu
+        dirty: set[int] = set()  # id(balloon) of the balloons to compute again
+        for cid in self._touched:
+            entry = self._entry_of.get(cid)
+            if entry is not None:
+                dirty.add(id(entry.balloon))
+            bln = self.owner.get(cid)
+            if bln is not None:
+                dirty.add(id(bln))
+        for pid in sent_pods:
+            for cid in self._pod_members.get(pid, ()):
+                dirty.add(id(self._entry_of[cid].balloon))
+        moves = self.memory.moves
+        before = self._pinned
+        pinned: dict[int, _PinnedBalloon] = {}
+        fresh: list[_PinnedBalloon] = []
+        for bln in self.balloons:
+            key = self._balloon_key(bln, pin_cpu)
+            prev = before.get(id(bln))
+            if (
+                prev is not None
+                and prev.balloon is bln
+                and prev.key == key
+                and id(bln) not in dirty
+            ):
+                pinned[id(bln)] = prev
+                continue
+            entry = self._pin_balloon(bln, key, pod_of)
+            fresh.append(entry)
+            pinned[id(bln)] = entry
+        changes: dict[str, tuple[str, str] | None] = {}
+        for k, entry in before.items():
+            if pinned.get(k) is not entry:
+                self._unindex(entry, changes)
+        for entry in fresh:
+            self._index(entry)
+        # the containers the last pinning allocated and this one does not
+        # release their memory (what keep_only does over every container)
+        for cid in (*self._touched, *changes):
+            if cid not in self._allocated:
+                self.memory.release(cid)
+        self._touched.clear()
+        self._pinned = pinned
+        self._fix_moved(fresh, changes)
+        if self.memory.moves != moves:  # an allocation moved someone: all again
+            return _with_gone(self.pinning(pod_of), changes)
+        self._pinned_moves = self.memory.moves
+        return changes
+
+    def _reusable(self) -> bool:
+        """The last pinning's parts may be reused: no memory allocation moved a
+        container since, and the memory placer is the same."""
+        return self._pinned_memory is self.memory and self.memory.moves == self._pinned_moves
+
+    def _balloon_key(self, bln: Balloon, pin_cpu: bool) -> tuple[Any, ...]:
+        """What a balloon's pins are computed from besides its members (and
+        their pods); sets its ``mems``."""
+        opts = self.options[bln.bdef.name]
+        pinnable = bln.cpus | bln.shared_idle
+        mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
+        bln.mems = mems
+        return (pinnable, mems, opts, type_set(bln.bdef.memory_types), pin_cpu)
+
+    def _pin_balloon(
+        self, bln: Balloon, key: tuple[Any, ...], pod_of: Callable[[str], Pod | None]
+    ) -> _PinnedBalloon:
+        """The pins of ``bln``'s members, computed (memory allocated); their
+        ``cpuset.mems`` is set by :meth:`_fix_moved`."""
+        pinnable, mems, opts, mem_types, pin_cpu = key
+        entry = _PinnedBalloon(bln, key, dict(bln.members))
+        texts: dict[bool, str] = {}  # formatted once per balloon, not per container
+        for m in bln.members.values():
+            hide = opts.hide_hyperthreads
+            pod = pod_of(m.pod_id)
+            entry.pod_ids.append(m.pod_id)
+            entry.pods.append(pod)
+            keep_mems = False
+            mem_type = None
+            if pod is not None:
+                last = self._entry_of.get(m.id)
+                said = last.annotations.get(m.id) if last is not None else None
+                if said is None or said.pod is not pod:
+                    said = _MemberAnnotations.read(pod, m.id, m.name)
+                entry.annotations[m.id] = said
+                if said.hide is not None:
+                    hide = said.hide
+                keep_mems = bool(mems) and said.memory_preserved
+                mem_type = said.memory_type
+            if mems and not keep_mems:
+                entry.allocated[m.id] = self.memory.mems(
+                    m.id, m.pretty, pinnable, mem_types, mem_type
+                )
+            if hide not in texts:
+                cpus = self.topology.single_thread(pinnable) if hide else pinnable
+                texts[hide] = cpuset.format(cpus)
+            if keep_mems:
+                # upstream PreserveMemoryResources: the container keeps its own
+                # cpuset.mems; its CPUs are still the balloon's
+                log.debug("  - preserving %s pinning to memory", m.pretty)
+            entry.pins[m.id] = (texts[hide] if pin_cpu else "", "")
+        return entry
+
+    def _unindex(self, entry: _PinnedBalloon, changes: dict[str, tuple[str, str] | None]) -> None:
+        """``entry`` is no longer part of the pinning: its containers are not
+        pinned (unless a part computed now pins them: :meth:`_index`)."""
+        for cid, m in entry.members.items():
+            if self._entry_of.get(cid) is not entry:
+                continue
+            del self._entry_of[cid]
+            self._pins.pop(cid, None)
+            self._allocated.pop(cid, None)
+            pod = self._pod_members.get(m.pod_id)
+            if pod is not None:
+                pod.discard(cid)
+                if not pod:
+                    del self._pod_members[m.pod_id]
+            changes[cid] = None
+
+    def _index(self, entry: _PinnedBalloon) -> None:
+        for cid, m in entry.members.items():
+            self._entry_of[cid] = entry
+            self._pod_members.setdefault(m.pod_id, set()).add(cid)
+        self._allocated.update(entry.allocated)
+
+    def _fix_moved(
+        self, fresh: list[_PinnedBalloon], changes: dict[str, tuple[str, str] | None]
+    ) -> None:
+        """The pins of the parts computed now, with their ``cpuset.mems`` as
+        the allocations left them: a later allocation may have moved an earlier
+        container (libmem: "other containers whose zones changed are updated");
+        a reused part's pins hold this already (nobody moved since)."""
+        for entry in fresh:
+            for cid, nodes in entry.allocated.items():
+                entry.pins[cid] = (
+                    entry.pins[cid][0],
+                    cpuset.format(self.memory.current(cid, nodes)),
+                )
+            self._pins.update(entry.pins)
+            changes.update(entry.pins)
+
     def _pinning(
         self, pod_of: Callable[[str], Pod | None], reuse: bool
     ) -> dict[str, tuple[str, str]]:
         assert self.config is not None
         pin_cpu = self.config.spec.pin_cpu
-        reuse = (
-            reuse and self._pinned_memory is self.memory and self.memory.moves == self._pinned_moves
-        )
-        out: dict[str, tuple[str, str]] = {}
-        allocated: dict[str, int] = {}  # container id -> memory nodes allocated
-        seen = self._member_annotations
-        now: dict[str, _MemberAnnotations] = {}  # the members of this pinning only
+        reuse = reuse and self._reusable()
         before = self._pinned
         pinned: dict[int, _PinnedBalloon] = {}
         fresh: list[_PinnedBalloon] = []
         for bln in self.balloons:
-            opts = self.options[bln.bdef.name]
-            pinnable = bln.cpus | bln.shared_idle
-            mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
-            bln.mems = mems
-            mem_types = type_set(bln.bdef.memory_types)
-            key = (pinnable, mems, opts, mem_types, pin_cpu)
+            key = self._balloon_key(bln, pin_cpu)
             prev = before.get(id(bln)) if reuse else None
             if (
                 prev is not None
@@ -650,58 +805,25 @@ class BalloonsPolicy:
                 and all(map(operator.is_, map(pod_of, prev.pod_ids), prev.pods))
             ):
                 pinned[id(bln)] = prev
-                out.update(prev.pins)
-                allocated.update(prev.allocated)
-                now.update(prev.annotations)
                 continue
-            entry = _PinnedBalloon(bln, key, dict(bln.members))
+            entry = self._pin_balloon(bln, key, pod_of)
             fresh.append(entry)
             pinned[id(bln)] = entry
-            texts: dict[bool, str] = {}  # formatted once per balloon, not per container
-            for m in bln.members.values():
-                hide = opts.hide_hyperthreads
-                pod = pod_of(m.pod_id)
-                entry.pod_ids.append(m.pod_id)
-                entry.pods.append(pod)
-                keep_mems = False
-                mem_type = None
-                if pod is not None:
-                    said = seen.get(m.id)
-                    if said is None or said.pod is not pod:
-                        said = _MemberAnnotations.read(pod, m.id, m.name)
-                    entry.annotations[m.id] = said
-                    if said.hide is not None:
-                        hide = said.hide
-                    keep_mems = bool(mems) and said.memory_preserved
-                    mem_type = said.memory_type
-                if mems and not keep_mems:
-                    entry.allocated[m.id] = self.memory.mems(
-                        m.id, m.pretty, pinnable, mem_types, mem_type
-                    )
-                if hide not in texts:
-                    cpus = self.topology.single_thread(pinnable) if hide else pinnable
-                    texts[hide] = cpuset.format(cpus)
-                if keep_mems:
-                    # upstream PreserveMemoryResources: the container keeps its own
-                    # cpuset.mems; its CPUs are still the balloon's
-                    log.debug("  - preserving %s pinning to memory", m.pretty)
-                entry.pins[m.id] = (texts[hide] if pin_cpu else "", "")
-            out.update(entry.pins)
-            allocated.update(entry.allocated)
-            now.update(entry.annotations)
-        self._member_annotations = now
-        self.memory.keep_only(allocated)
-        # after every allocation: a later one may have moved an earlier container
-        # (libmem: "other containers whose zones changed are updated"); a reused
-        # balloon's pins hold this already (nobody moved since: see pinning())
-        for entry in fresh:
-            for cid, nodes in entry.allocated.items():
-                pin = (entry.pins[cid][0], cpuset.format(self.memory.current(cid, nodes)))
-                entry.pins[cid] = out[cid] = pin
+        self._entry_of = {}
+        self._pod_members = {}
+        self._allocated = {}
+        self._pins = {}
+        for entry in pinned.values():
+            self._index(entry)
+            self._pins.update(entry.pins)
+        self.memory.keep_only(self._allocated)
+        self._touched.clear()
+        self._fix_moved(fresh, {})
         self._pinned = pinned
         self._pinned_memory = self.memory
         self._pinned_moves = self.memory.moves
-        return out
+        # in the balloons' order (the runtime's updates follow it)
+        return {cid: pin for entry in pinned.values() for cid, pin in entry.pins.items()}
 
     # -- state -----------------------------------------------------------------------
 
@@ -780,6 +902,18 @@ class _MemberAnnotations:
             memory_preserved=ann.memory_preserved(pod, ctr),
             memory_type=ann.effective(ann.MEMORY_TYPE, pod, ctr),
         )
+
+
+def _with_gone(
+    pins: dict[str, tuple[str, str]], before: Iterable[str]
+) -> dict[str, tuple[str, str] | None]:
+    """Every pin of ``pins``, then ``None`` for the containers of ``before`` it
+    does not pin."""
+    out: dict[str, tuple[str, str] | None] = dict(pins)
+    for cid in before:
+        if cid not in pins:
+            out[cid] = None
+    return out
 
 
 def _priority(bdef: BalloonType) -> str:

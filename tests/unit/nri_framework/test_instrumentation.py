@@ -22,7 +22,7 @@ from nri_framework.instrumentation import (
     Instrumentation,
     parse_address,
 )
-from nri_framework.model import Container, CpuResources, Pod, Resources
+from nri_framework.model import Container, CpuResources, Pod, Resources, RuntimeInfo
 from nri_framework.policies.pinner import Pinner
 from nri_framework.stub import PluginStub, StubOptions
 from prometheus_client.parser import text_string_to_metric_families
@@ -418,19 +418,23 @@ async def test_metrics_address_overrides_the_configuration(
         await inst.close()
 
 
-async def test_the_host_listener_follows_each_change(
+async def test_the_host_configuration_listener_follows_each_configuration(
     configured: PolicyHost, policy: Configured
 ) -> None:
-    """What ``run`` wires: the host's change listener (called after every
-    (re)configuration) moves the endpoint."""
+    """What ``run`` wires: the host's configuration listener (called after the
+    runtime's Configure and every reconfiguration) moves the endpoint."""
     inst = Instrumentation(configured, None, "")
-    configured.add_listener(inst.follow_policy)
-    port = free_port()
+    configured.add_config_listener(inst.follow_policy)
+    port, again = free_port(), free_port()
     try:
         policy.endpoint = f"127.0.0.1:{port}"
-        configured.changed()
+        configured.configure("", RuntimeInfo(name="containerd", version="2.1.0"))
         await inst.settle()
         assert await answers(port)
+        policy.endpoint = f"127.0.0.1:{again}"
+        assert await configured.try_reconfigure("{}", "test") is None
+        await inst.settle()
+        assert await answers(again)
     finally:
         await inst.close()
 
