@@ -216,7 +216,7 @@ class StateTracker:
         """the next record is the whole state (a restore, a new configuration)"""
         self._balloons: dict[str, tuple[Balloon, tuple[Any, ...]]] = {}
         self._order: list[str] = []
-        self._memory: object = None
+        self._memory: Any = None
 
     def changes(
         self, balloons: list[Balloon], owner: Mapping[str, Balloon], memory: Any
@@ -256,9 +256,9 @@ class StateTracker:
                 members.update(b.members, b.members.changed)
                 b.members.changed.clear()
         for cid in members:
-            b = owner.get(cid)
-            held = b is not None and cid in b.members and balloon_key(b) in seen
-            out[f"m:{cid}"] = _member_part(b, cid) if held and b is not None else None
+            holder = owner.get(cid)
+            held = holder is not None and cid in holder.members and balloon_key(holder) in seen
+            out[f"m:{cid}"] = _member_part(holder, cid) if held and holder is not None else None
         for rid, m in memory.take_changes().items():
             out[f"a:{rid}"] = m
         if order != self._order:
