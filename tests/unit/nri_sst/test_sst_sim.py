@@ -333,6 +333,8 @@ def test_an_unchanged_association_leaves_the_state_file_until_idle(
     h.peers.add(b"")
     h.dispatch(m.PrepareManagedMode())
     h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    assert SimBackend(SMALL_SIM, state_file=state).clos_assoc_get(1, 0, 1) == 2  # cpu 5, saved
+    sim.idle()  # the counters and log lines of the change, when idle
     written = state.stat().st_mtime_ns, state.stat().st_ino
     assert not sim.has_deferred()
     h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))

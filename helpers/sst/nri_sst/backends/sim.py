@@ -33,7 +33,7 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,11 @@ class SimBackend(Backend):
         self._unsaved = False
         self._saved_hardware: bytes | None = None
         """The hardware part of the state as last saved (None: never saved)."""
+        self._saved_volatile: bytes | None = None
+        """The :data:`VOLATILE` part as last saved whole (None: never saved)."""
+        self._at: list[float] | None = None
+        """Per CPU, when its counters were advanced to (None: every CPU at
+        ``state["clock"]``); an association change advances its punit's only."""
         c = self.config
         self._loc = [c.locate(cpu) for cpu in range(c.ncpus)]
         self._module_cpus = {
@@ -271,16 +276,41 @@ class SimBackend(Backend):
         """What the hardware holds (the state without :data:`VOLATILE`), encoded."""
         return _json.encode({k: v for k, v in self.state.items() if k not in VOLATILE})
 
-    def save(self, hardware: bytes | None = None) -> None:
+    def _volatile(self) -> bytes:
+        """The :data:`VOLATILE` part of the state, encoded."""
+        return _json.encode({k: v for k, v in self.state.items() if k in VOLATILE})
+
+    def save(self) -> None:
         """The whole state to the state file (atomically: a new file renamed
-        over the old). ``hardware``: :meth:`_hardware` of it, when known."""
+        over the old)."""
         self._unsaved = False
         if self.state_file is None:
             return
+        hardware, volatile = self._hardware(), self._volatile()
+        self._write(hardware, volatile)
+        self._saved_volatile = volatile
+
+    def _save_hardware(self, hardware: bytes) -> None:
+        """``hardware`` (:meth:`_hardware`) to the state file now, beside the
+        :data:`VOLATILE` part as last saved (the counters and log lines of
+        now follow when the helper is idle: they are most of the state, and
+        no reply waits for them)."""
+        if self._saved_volatile is None:
+            self.save()
+            return
+        self._write(hardware, self._saved_volatile)
+        self._unsaved = True
+
+    def _write(self, hardware: bytes, volatile: bytes) -> None:
+        """One JSON object of the two encoded parts, written atomically."""
+        assert self.state_file is not None
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        tmp.write_bytes(_json.encode(self.state))
+        with open(tmp, "wb") as f:
+            f.write(hardware[:-1])
+            f.write(b",")
+            f.write(volatile[1:])
         os.replace(tmp, self.state_file)
-        self._saved_hardware = self._hardware() if hardware is None else hardware
+        self._saved_hardware = hardware
 
     def _log(self, op: str, **fields: int | bool | str) -> None:
         log: list[dict[str, Any]] = self.state["log"]
@@ -343,7 +373,7 @@ class SimBackend(Backend):
         # and log lines, saved when idle.
         hardware = self._hardware()
         if hardware != self._saved_hardware:
-            self.save(hardware)
+            self._save_hardware(hardware)
         else:
             self._unsaved = True
 
@@ -501,7 +531,7 @@ class SimBackend(Backend):
             value = clos & 0x3 if self.config.strict else clos & 0xF
             if held[core] != value:  # the same CLOS again changes no frequency
                 if not advanced:  # the counters to now, at the frequencies until now
-                    self._advance()
+                    self._advance((package, punit))
                     advanced = True
                 held[core] = value
                 self._stale_punits.add((package, punit))
@@ -569,12 +599,24 @@ class SimBackend(Backend):
 
     # ------------------------------------------------------------------ the model
 
-    def _advance(self) -> None:
+    def _advance(self, punit: tuple[int, int] | None = None) -> None:
         """Advance TSC/MPERF/APERF to now at the frequencies in effect since the
-        last change (recomputed first when a change made them stale)."""
+        last change (recomputed first when a change made them stale): of every
+        CPU, or (``punit``) of the CPUs of that punit only, the ones whose
+        frequencies an association change there can change."""
         if self._stale or self._stale_punits:
             self._recompute()
         now = self.clock()
+        if punit is not None:
+            if self._at is None:
+                self._at = [float(self.state["clock"])] * self.config.ncpus
+            self._advance_cpus(now, [t for threads in self._module_cpus[punit] for t in threads])
+            return
+        if self._at is not None:
+            self._advance_cpus(now, range(self.config.ncpus))
+            self._at = None
+            self.state["clock"] = now
+            return
         us = int((now - float(self.state["clock"])) * 1_000_000)
         if us <= 0:
             return
@@ -588,6 +630,25 @@ class SimBackend(Backend):
         cpus["aperf"] = [
             v + int(f * b) for v, f, b in zip(cpus["aperf"], cpus["max_mhz"], busy, strict=True)
         ]
+
+    def _advance_cpus(self, now: float, which: Iterable[int]) -> None:
+        """:meth:`_advance` of the CPUs ``which``, each from its own time."""
+        assert self._at is not None
+        at = self._at
+        cpus = self.state["cpus"]
+        tsc, mperf, aperf, load, max_mhz = (
+            cpus["tsc"], cpus["mperf"], cpus["aperf"], cpus["load"], cpus["max_mhz"]
+        )  # fmt: skip
+        tsc_mhz = self.config.tsc_mhz
+        for cpu in which:
+            us = int((now - at[cpu]) * 1_000_000)
+            if us <= 0:
+                continue
+            at[cpu] = now
+            busy = us * load[cpu]
+            tsc[cpu] += tsc_mhz * us
+            mperf[cpu] += int(tsc_mhz * busy)
+            aperf[cpu] += int(max_mhz[cpu] * busy)
 
     def tf_effective(self, package: int, punit: int) -> bool:
         """§5.5.11: TF status and CP enabled and ordered and turbo on."""
