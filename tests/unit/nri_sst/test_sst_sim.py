@@ -368,3 +368,34 @@ def test_an_association_recomputes_what_a_whole_recompute_would(small_root: Path
         assert [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)] == partial
         assert sim.state["cpus"]["min_mhz"] == lows
     assert len(set(partial)) > 1  # the associations did change frequencies
+
+
+def test_counters_count_each_cpu_at_its_frequency_until_an_association_changed_it() -> None:
+    """An association changes the frequencies of the CPUs it moves (or, when
+    the TF bucket changes, of every HP CPU of the punit): their counters
+    count at the old frequency until the change, at the new one after it;
+    the other CPUs' counters are not touched in between and count as before."""
+    clock = Clock()
+    sim = SimBackend(clock=clock)
+    pct_on(sim, range(4))
+
+    def aperf() -> list[int]:
+        sim.settle()
+        return [sim.read_msr(cpu, MSR_APERF) for cpu in (0, 5, 40)]
+
+    a0 = aperf()
+    clock.t += 1
+    sim.clos_assoc_set(0, 0, [(5, 0)])  # 5 HP modules: bucket 0 still (4600)
+    clock.t += 1
+    a1 = aperf()
+    assert [b - a for a, b in zip(a0, a1, strict=True)] == [
+        4600 * 2_000_000,
+        (2300 + 4600) * 1_000_000,
+        2300 * 2_000_000,
+    ]
+    sim.clos_assoc_set(0, 0, [(m, 0) for m in range(6, 12)])  # 12: bucket 1 (4200)
+    clock.t += 1
+    a2 = aperf()
+    assert [b - a for a, b in zip(a1, a2, strict=True)] == [4200 * 1_000_000] * 2 + [
+        2300 * 1_000_000
+    ]

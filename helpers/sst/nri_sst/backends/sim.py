@@ -191,6 +191,15 @@ class SimBackend(Backend):
         """A change made the frequency oracle stale (recomputed once, lazily)."""
         self._stale_punits: set[tuple[int, int]] = set()
         """Punits whose association changed: only their CPUs are recomputed."""
+        self._stale_modules: dict[tuple[int, int], set[int]] = {}
+        """Of each stale punit, the modules whose CLOS changed."""
+        self._changed_at: dict[tuple[int, int], float] = {}
+        """Of each stale punit, when its association changed: the counters of
+        its CPUs whose frequencies the change changes advance to then first."""
+        self._punit_inputs: dict[tuple[int, int], tuple[Any, ...]] = {}
+        """Of each punit, what its frequencies were last computed from besides
+        each module's CLOS (when only CLOS changed and this did not: only the
+        changed modules are computed again)."""
         self._unsaved = False
         self._saved_hardware: bytes | None = None
         """The hardware part of the state as last saved (None: never saved)."""
@@ -524,17 +533,23 @@ class SimBackend(Backend):
         if len(assoc) > 64:
             raise _enotty("more than 64 commands")
         held = pu["assoc"]
-        advanced = False
+        key = (package, punit)
+        changed: set[int] | None = None
         for core, clos in assoc:  # entries before a failing one stay applied (§1.1)
             if not 0 <= core < MODULES_PER_PUNIT_MAX or (self.config.strict and not 0 <= clos < 4):
                 raise _enotty(f"assoc core {core} clos {clos}")
             value = clos & 0x3 if self.config.strict else clos & 0xF
             if held[core] != value:  # the same CLOS again changes no frequency
-                if not advanced:  # the counters to now, at the frequencies until now
-                    self._advance((package, punit))
-                    advanced = True
+                if changed is None:
+                    # the frequencies until now first; the counters of the
+                    # CPUs this changes advance to now when they are computed
+                    if self._stale or self._stale_punits:
+                        self._recompute()
+                    self._changed_at[key] = self.clock()
+                    changed = self._stale_modules.setdefault(key, set())
+                    self._stale_punits.add(key)
                 held[core] = value
-                self._stale_punits.add((package, punit))
+                changed.add(core)
         self._log("clos-assoc", pkg=package, punit=punit, n=len(assoc))
 
     def perf_set_feature(self, package: int, punit: int, feature: int) -> None:
@@ -599,19 +614,13 @@ class SimBackend(Backend):
 
     # ------------------------------------------------------------------ the model
 
-    def _advance(self, punit: tuple[int, int] | None = None) -> None:
-        """Advance TSC/MPERF/APERF to now at the frequencies in effect since the
-        last change (recomputed first when a change made them stale): of every
-        CPU, or (``punit``) of the CPUs of that punit only, the ones whose
-        frequencies an association change there can change."""
+    def _advance(self) -> None:
+        """Advance TSC/MPERF/APERF of every CPU to now at the frequencies in
+        effect since the last change (recomputed first when a change made
+        them stale)."""
         if self._stale or self._stale_punits:
             self._recompute()
         now = self.clock()
-        if punit is not None:
-            if self._at is None:
-                self._at = [float(self.state["clock"])] * self.config.ncpus
-            self._advance_cpus(now, [t for threads in self._module_cpus[punit] for t in threads])
-            return
         if self._at is not None:
             self._advance_cpus(now, range(self.config.ncpus))
             self._at = None
@@ -633,7 +642,8 @@ class SimBackend(Backend):
 
     def _advance_cpus(self, now: float, which: Iterable[int]) -> None:
         """:meth:`_advance` of the CPUs ``which``, each from its own time."""
-        assert self._at is not None
+        if self._at is None:
+            self._at = [float(self.state["clock"])] * self.config.ncpus
         at = self._at
         cpus = self.state["cpus"]
         tsc, mperf, aperf, load, max_mhz = (
@@ -660,9 +670,14 @@ class SimBackend(Backend):
 
     def _recompute(self) -> None:
         """The frequency oracle (§5.5.12) for every CPU (after an association
-        change alone: for the CPUs of the punits it changed)."""
+        change alone: for the CPUs of the punits it changed, of the modules it
+        changed when the punit's other inputs are as before). A CPU whose
+        frequencies an association changed has its counters advanced to the
+        time of the change first, at the frequencies until then."""
         every = self._stale or not self._stale_punits
         only, self._stale_punits = self._stale_punits, set()
+        modules_of, self._stale_modules = self._stale_modules, {}
+        changed_at, self._changed_at = self._changed_at, {}
         self._stale = False
         c = self.config
         cpus = self.state["cpus"]
@@ -670,10 +685,10 @@ class SimBackend(Backend):
         load = cpus["load"]
         default = (c.cpuinfo_min_khz, c.cpuinfo_max_khz)
         max_mhz, min_mhz, limits = cpus["max_mhz"], cpus["min_mhz"], self._limits
-        for (pkg, pu_id), modules in self._module_cpus.items():
-            if not every and (pkg, pu_id) not in only:
+        for key, modules in self._module_cpus.items():
+            if not every and key not in only:
                 continue
-            pu = self._punit(pkg, pu_id)
+            pu = self._punit(*key)
             assoc = pu["assoc"]
             hp = assoc[: c.cores_per_punit].count(0)
             bucket = next((b for b, n in enumerate(c.tf_buckets) if hp <= n), None)
@@ -682,11 +697,19 @@ class SimBackend(Backend):
                 (f for n, f in zip(c.trl_buckets, c.trl_mhz, strict=False) if active <= n),
                 c.trl_mhz[-1],
             )
-            tf = self.tf_effective(pkg, pu_id)
-            for module, threads in enumerate(modules):
+            tf = self.tf_effective(*key)
+            cp = bool(pu["cp_enable"])
+            inputs = (bucket, trl, tf, cp, no_turbo, repr(pu["clos"]) if cp else "")
+            which: Iterable[int] = range(len(modules))
+            if not every and self._punit_inputs.get(key) == inputs and key in modules_of:
+                which = sorted(m for m in modules_of[key] if m < len(modules))
+            self._punit_inputs[key] = inputs
+            at = changed_at.get(key)
+            for module in which:
+                threads = modules[module]
                 clos = assoc[module] & 0x3
                 hi = clos_min = 0
-                if pu["cp_enable"]:
+                if cp:
                     lo, hi, _ = pu["clos"][clos]
                     hi *= 100
                     clos_min = lo * 100
@@ -702,6 +725,8 @@ class SimBackend(Backend):
                     if hi and hi < cap:
                         cap = hi
                     max_eff = min(cap, limit)
+                    if at is not None and max_mhz[cpu] != max_eff:
+                        self._advance_cpus(at, (cpu,))
                     max_mhz[cpu] = max_eff
                     min_mhz[cpu] = min(max(smin // 1000, clos_min), max_eff)
 
