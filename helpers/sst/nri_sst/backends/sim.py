@@ -361,10 +361,26 @@ class SimBackend(Backend):
                     self._limits[cpu] = self.writer.read_cpufreq_limits(cpu)
 
     def sysfs_changed(self, cpus: list[int]) -> None:
-        self._advance()
+        """The limits of ``cpus`` re-read: the frequencies of the modules
+        whose limits changed are computed again (their counters advance to
+        now first, at the frequencies until now), nothing else (a write of
+        limits a CPU has already changes no frequency)."""
+        if self._stale or self._stale_punits:
+            self._recompute()  # the frequencies until now first
+        before = {cpu: self._limits.get(cpu) for cpu in cpus}
         self._read_limits(cpus)
         self._log("sysfs", cpus=len(cpus))
-        self._recompute()
+        now = self.clock()
+        for cpu, was in before.items():
+            if not 0 <= cpu < self.config.ncpus or self._limits.get(cpu) == was:
+                continue
+            pkg, punit, module, _ = self._loc[cpu]
+            key = (pkg, punit)
+            self._changed_at[key] = now
+            self._stale_modules.setdefault(key, set()).add(module)
+            self._stale_punits.add(key)
+        if self._stale_punits:
+            self._recompute()
 
     def settle(self) -> None:
         self._advance()
