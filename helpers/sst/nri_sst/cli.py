@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the helper protocol on a ZeroMQ ROUTER socket")
+    s.add_argument(  # after "serve" as well (SUPPRESS: keeps a -v given before it)
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
     s.add_argument(
         "--socket",
         required=True,

@@ -42,6 +42,13 @@ Write = Callable[[], tuple[m.ApplyItemReply, bool]]
 """A validated write: its reply and whether it changed anything."""
 
 
+def _kind(req: m.Request) -> str:
+    """What ``req`` asks, for the debug log: its type, an ``Apply``'s items' too."""
+    if isinstance(req, m.Apply):
+        return f"Apply({', '.join(type(i).__name__ for i in req.items)})"
+    return type(req).__name__
+
+
 class PeerTable:
     """The peers that said Hello, least recently active first, at most ``limit``.
 
@@ -100,6 +107,8 @@ class RequestHandler:
     def handle(self, data: bytes, peer: bytes = b"") -> bytes:
         try:
             req = m.decode_request(data)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("nri-sst-helper: request %s from peer %s", _kind(req), peer.hex())
             reply = self.dispatch(req, peer)
         except m.HelperError as exc:
             reply = exc.reply()

@@ -71,11 +71,12 @@ class Machine:
         return sorted(set(self.package_of.values()))
 
 
-def _read(path: Path) -> str:
-    return path.read_text().strip()
+def _read(path: Path | str) -> str:
+    with open(path) as f:
+        return f.read().strip()
 
 
-def _read_int(path: Path, default: int = 0) -> int:
+def _read_int(path: Path | str, default: int = 0) -> int:
     try:
         return int(_read(path))
     except (OSError, ValueError):
@@ -163,6 +164,8 @@ class SysfsWriter:
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
         self.cpu_dir = machine.root / CPU_DIR
+        self._cpu_dir = str(self.cpu_dir)
+        """as a string: the per-request paths are strings (no Path per file)"""
 
     def _write(self, path: Path | str, value: str) -> None:
         try:
@@ -178,7 +181,7 @@ class SysfsWriter:
 
     def set_cstates(self, cpu: int, disabled: frozenset[str]) -> None:
         """``disable=1`` for names in ``disabled``, ``disable=0`` for all other states."""
-        base = f"{self.cpu_dir}/cpu{cpu:d}/cpuidle"  # a string: no Path per state
+        base = f"{self._cpu_dir}/cpu{cpu:d}/cpuidle"  # a string: no Path per state
         for index, name in enumerate(self.machine.cstates.get(cpu, ())):
             self._write(f"{base}/state{index:d}/disable", "1" if name in disabled else "0")
 
@@ -190,21 +193,21 @@ class SysfsWriter:
         governor: str | None,
         epp: str | None,
     ) -> None:
-        d = self.cpu_dir / f"cpu{cpu:d}" / "cpufreq"
+        d = f"{self._cpu_dir}/cpu{cpu:d}/cpufreq"
         if governor is not None:
-            self._write(d / "scaling_governor", governor)
+            self._write(f"{d}/scaling_governor", governor)
         # Order so that min <= max holds after each write.
-        current_max = _read_int(d / "scaling_max_freq", 0)
+        current_max = _read_int(f"{d}/scaling_max_freq", 0)
         if min_khz is not None and max_khz is not None and min_khz > current_max:
-            self._write(d / "scaling_max_freq", str(max_khz))
-            self._write(d / "scaling_min_freq", str(min_khz))
+            self._write(f"{d}/scaling_max_freq", str(max_khz))
+            self._write(f"{d}/scaling_min_freq", str(min_khz))
         else:
             if min_khz is not None:
-                self._write(d / "scaling_min_freq", str(min_khz))
+                self._write(f"{d}/scaling_min_freq", str(min_khz))
             if max_khz is not None:
-                self._write(d / "scaling_max_freq", str(max_khz))
+                self._write(f"{d}/scaling_max_freq", str(max_khz))
         if epp is not None:
-            self._write(d / "energy_performance_preference", epp)
+            self._write(f"{d}/energy_performance_preference", epp)
 
     def set_uncore(self, package: int, die: int, min_khz: int | None, max_khz: int | None) -> None:
         d = self.machine.root / UNCORE_DIR / f"package_{package:02d}_die_{die:02d}"
@@ -215,19 +218,19 @@ class SysfsWriter:
 
     def read_cpufreq_limits(self, cpu: int) -> tuple[int, int]:
         """``(scaling_min_freq, scaling_max_freq)`` in kHz, ``(0, 0)`` when unreadable."""
-        d = self.cpu_dir / f"cpu{cpu:d}" / "cpufreq"
-        return _read_int(d / "scaling_min_freq"), _read_int(d / "scaling_max_freq")
+        d = f"{self._cpu_dir}/cpu{cpu:d}/cpufreq"
+        return _read_int(f"{d}/scaling_min_freq"), _read_int(f"{d}/scaling_max_freq")
 
     def cpufreq_now(self, cpu: int) -> CpufreqNow:
         """What cpufreq of ``cpu`` is set to now (what a request is checked against)."""
-        d = self.cpu_dir / f"cpu{cpu:d}" / "cpufreq"
+        d = f"{self._cpu_dir}/cpu{cpu:d}/cpufreq"
         try:
-            governor: str | None = _read(d / "scaling_governor")
+            governor: str | None = _read(f"{d}/scaling_governor")
         except OSError:
             governor = None
         return CpufreqNow(
-            min_khz=_read_int(d / "scaling_min_freq", -1),
-            max_khz=_read_int(d / "scaling_max_freq", -1),
+            min_khz=_read_int(f"{d}/scaling_min_freq", -1),
+            max_khz=_read_int(f"{d}/scaling_max_freq", -1),
             governor=governor,
         )
 

@@ -166,10 +166,12 @@ class ClosAssociation(PctState):
         nothing."""
         batch, self.pending = self.pending, 0  # decisions from now on: the next batch
         by_clos = self.core_plan(batch)
+        debug = log.isEnabledFor(logging.DEBUG)
         for clos, mask in sorted(by_clos.items()):
             if self._holds(clos, mask):  # as the helper reported: nothing to send
                 del by_clos[clos]
-                log.debug("pct: associated cpus %s to CLOS %d", cpuset.format(mask), clos)
+                if debug:
+                    log.debug("pct: associated cpus %s to CLOS %d", cpuset.format(mask), clos)
         if not by_clos:
             return
         order = sorted(by_clos)
@@ -190,8 +192,8 @@ class ClosAssociation(PctState):
             raise
         for clos, answer in zip(order, replies, strict=True):
             mask = by_clos[clos]
-            text = cpuset.format(mask)
             if not isinstance(answer, m.AssociateCpusReply) or answer.clos != clos:
+                text = cpuset.format(mask)
                 why = (
                     answer
                     if isinstance(answer, WriteRefused)
@@ -208,7 +210,8 @@ class ClosAssociation(PctState):
                 )
                 continue
             self._learn(mask, clos, answer)
-            log.debug("pct: associated cpus %s to CLOS %d", text, clos)
+            if debug:
+                log.debug("pct: associated cpus %s to CLOS %d", cpuset.format(mask), clos)
 
     def _holds(self, clos: int, mask: int) -> bool:
         """The helper reported every thread of the cores of ``mask`` on

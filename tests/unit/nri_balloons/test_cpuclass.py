@@ -308,6 +308,30 @@ def test_cstates_disable_then_reenable() -> None:
     ]
 
 
+def test_cstates_not_sent_again_for_cpus_whose_cstates_do_not_change() -> None:
+    # the rule: nothing sent for CPUs whose state does not change; a
+    # CPU moving to another class with the same C-states gets its cpufreq only
+    h, rec = handler(
+        cls("a", min_freq="min", disabled_cstates=["C8", "C4"]),
+        cls("b", max_freq="base", disabled_cstates=["C4", "C8"]),
+    )
+    h.use(mask(4, 5), "a")
+    h.commit()
+    assert m.SetCstates(cpus=[4, 5], disabled=["C4", "C8"]) in rec.take()
+    h.use(mask(4, 5), "b")
+    h.commit()
+    assert rec.take() == [m.SetCpufreq(cpus=[4, 5], max_khz=BASE)]
+    h.use(mask(4, 5), "b")  # the same class again: nothing at all
+    h.commit()
+    assert rec.take() == []
+    h.use(mask(4, 5, 6), "a")  # only the CPU whose C-states change gets a write
+    h.commit()
+    reqs = rec.take()
+    assert [r for r in reqs if isinstance(r, m.SetCstates)] == [
+        m.SetCstates(cpus=[6], disabled=["C4", "C8"])
+    ]
+
+
 def test_cstates_untouched_when_no_class_disables_any() -> None:
     h, rec = handler(cls("idle", min_freq="min"))
     h.use(mask(2, 3), "idle")

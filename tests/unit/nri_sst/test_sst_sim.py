@@ -333,6 +333,8 @@ def test_an_unchanged_association_leaves_the_state_file_until_idle(
     h.peers.add(b"")
     h.dispatch(m.PrepareManagedMode())
     h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    assert SimBackend(SMALL_SIM, state_file=state).clos_assoc_get(1, 0, 1) == 2  # cpu 5, saved
+    sim.idle()  # the counters and log lines of the change, when idle
     written = state.stat().st_mtime_ns, state.stat().st_ino
     assert not sim.has_deferred()
     h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
@@ -366,3 +368,69 @@ def test_an_association_recomputes_what_a_whole_recompute_would(small_root: Path
         assert [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)] == partial
         assert sim.state["cpus"]["min_mhz"] == lows
     assert len(set(partial)) > 1  # the associations did change frequencies
+
+
+def test_counters_count_each_cpu_at_its_frequency_until_an_association_changed_it() -> None:
+    """An association changes the frequencies of the CPUs it moves (or, when
+    the TF bucket changes, of every HP CPU of the punit): their counters
+    count at the old frequency until the change, at the new one after it;
+    the other CPUs' counters are not touched in between and count as before."""
+    clock = Clock()
+    sim = SimBackend(clock=clock)
+    pct_on(sim, range(4))
+
+    def aperf() -> list[int]:
+        sim.settle()
+        return [sim.read_msr(cpu, MSR_APERF) for cpu in (0, 5, 40)]
+
+    a0 = aperf()
+    clock.t += 1
+    sim.clos_assoc_set(0, 0, [(5, 0)])  # 5 HP modules: bucket 0 still (4600)
+    clock.t += 1
+    a1 = aperf()
+    assert [b - a for a, b in zip(a0, a1, strict=True)] == [
+        4600 * 2_000_000,
+        (2300 + 4600) * 1_000_000,
+        2300 * 2_000_000,
+    ]
+    sim.clos_assoc_set(0, 0, [(m, 0) for m in range(6, 12)])  # 12: bucket 1 (4200)
+    clock.t += 1
+    a2 = aperf()
+    assert [b - a for a, b in zip(a1, a2, strict=True)] == [4200 * 1_000_000] * 2 + [
+        2300 * 1_000_000
+    ]
+
+
+def test_a_cpufreq_write_recomputes_only_the_cpus_whose_limits_changed(small_root: Path) -> None:
+    """A cpufreq write computes the frequencies of the CPUs whose limits
+    changed, their counters counting at the old frequency until the write;
+    the other CPUs are not touched (nothing done for CPUs whose state does
+    not change), and every figure is that of a whole recompute."""
+    from nri_sst import messages as m
+
+    clock = Clock()
+    sim = SimBackend(SMALL_SIM, clock=clock)
+    h = RequestHandler(sim, small_root)
+    h.peers.add(b"")
+
+    def aperf() -> list[int]:
+        sim.settle()
+        return [sim.read_msr(cpu, MSR_APERF) for cpu in (0, 5)]
+
+    old = [sim.expected_mhz(cpu) for cpu in (0, 5)]
+    a0 = aperf()
+    clock.t += 1
+    h.dispatch(m.SetCpufreq(cpus=[0], max_khz=3_000_000))
+    assert sim._at is not None and sim._at[5] == clock.t - 1  # cpu 5's limits did not change
+    clock.t += 1
+    a1 = aperf()
+    assert [b - a for a, b in zip(a0, a1, strict=True)] == [
+        (old[0] + 3000) * 1_000_000,
+        old[1] * 2_000_000,
+    ]
+    partial = [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)]
+    lows = list(sim.state["cpus"]["min_mhz"])
+    sim._stale = True  # the whole oracle, for comparison
+    assert [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)] == partial
+    assert sim.state["cpus"]["min_mhz"] == lows
+    assert partial[0] == 3000 != old[0]

@@ -33,7 +33,7 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,9 +191,23 @@ class SimBackend(Backend):
         """A change made the frequency oracle stale (recomputed once, lazily)."""
         self._stale_punits: set[tuple[int, int]] = set()
         """Punits whose association changed: only their CPUs are recomputed."""
+        self._stale_modules: dict[tuple[int, int], set[int]] = {}
+        """Of each stale punit, the modules whose CLOS changed."""
+        self._changed_at: dict[tuple[int, int], float] = {}
+        """Of each stale punit, when its association changed: the counters of
+        its CPUs whose frequencies the change changes advance to then first."""
+        self._punit_inputs: dict[tuple[int, int], tuple[Any, ...]] = {}
+        """Of each punit, what its frequencies were last computed from besides
+        each module's CLOS (when only CLOS changed and this did not: only the
+        changed modules are computed again)."""
         self._unsaved = False
         self._saved_hardware: bytes | None = None
         """The hardware part of the state as last saved (None: never saved)."""
+        self._saved_volatile: bytes | None = None
+        """The :data:`VOLATILE` part as last saved whole (None: never saved)."""
+        self._at: list[float] | None = None
+        """Per CPU, when its counters were advanced to (None: every CPU at
+        ``state["clock"]``); an association change advances its punit's only."""
         c = self.config
         self._loc = [c.locate(cpu) for cpu in range(c.ncpus)]
         self._module_cpus = {
@@ -271,16 +285,41 @@ class SimBackend(Backend):
         """What the hardware holds (the state without :data:`VOLATILE`), encoded."""
         return _json.encode({k: v for k, v in self.state.items() if k not in VOLATILE})
 
-    def save(self, hardware: bytes | None = None) -> None:
+    def _volatile(self) -> bytes:
+        """The :data:`VOLATILE` part of the state, encoded."""
+        return _json.encode({k: v for k, v in self.state.items() if k in VOLATILE})
+
+    def save(self) -> None:
         """The whole state to the state file (atomically: a new file renamed
-        over the old). ``hardware``: :meth:`_hardware` of it, when known."""
+        over the old)."""
         self._unsaved = False
         if self.state_file is None:
             return
+        hardware, volatile = self._hardware(), self._volatile()
+        self._write(hardware, volatile)
+        self._saved_volatile = volatile
+
+    def _save_hardware(self, hardware: bytes) -> None:
+        """``hardware`` (:meth:`_hardware`) to the state file now, beside the
+        :data:`VOLATILE` part as last saved (the counters and log lines of
+        now follow when the helper is idle: they are most of the state, and
+        no reply waits for them)."""
+        if self._saved_volatile is None:
+            self.save()
+            return
+        self._write(hardware, self._saved_volatile)
+        self._unsaved = True
+
+    def _write(self, hardware: bytes, volatile: bytes) -> None:
+        """One JSON object of the two encoded parts, written atomically."""
+        assert self.state_file is not None
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        tmp.write_bytes(_json.encode(self.state))
+        with open(tmp, "wb") as f:
+            f.write(hardware[:-1])
+            f.write(b",")
+            f.write(volatile[1:])
         os.replace(tmp, self.state_file)
-        self._saved_hardware = self._hardware() if hardware is None else hardware
+        self._saved_hardware = hardware
 
     def _log(self, op: str, **fields: int | bool | str) -> None:
         log: list[dict[str, Any]] = self.state["log"]
@@ -322,10 +361,26 @@ class SimBackend(Backend):
                     self._limits[cpu] = self.writer.read_cpufreq_limits(cpu)
 
     def sysfs_changed(self, cpus: list[int]) -> None:
-        self._advance()
+        """The limits of ``cpus`` re-read: the frequencies of the modules
+        whose limits changed are computed again (their counters advance to
+        now first, at the frequencies until now), nothing else (a write of
+        limits a CPU has already changes no frequency)."""
+        if self._stale or self._stale_punits:
+            self._recompute()  # the frequencies until now first
+        before = {cpu: self._limits.get(cpu) for cpu in cpus}
         self._read_limits(cpus)
         self._log("sysfs", cpus=len(cpus))
-        self._recompute()
+        now = self.clock()
+        for cpu, was in before.items():
+            if not 0 <= cpu < self.config.ncpus or self._limits.get(cpu) == was:
+                continue
+            pkg, punit, module, _ = self._loc[cpu]
+            key = (pkg, punit)
+            self._changed_at[key] = now
+            self._stale_modules.setdefault(key, set()).add(module)
+            self._stale_punits.add(key)
+        if self._stale_punits:
+            self._recompute()
 
     def settle(self) -> None:
         self._advance()
@@ -343,7 +398,7 @@ class SimBackend(Backend):
         # and log lines, saved when idle.
         hardware = self._hardware()
         if hardware != self._saved_hardware:
-            self.save(hardware)
+            self._save_hardware(hardware)
         else:
             self._unsaved = True
 
@@ -494,17 +549,23 @@ class SimBackend(Backend):
         if len(assoc) > 64:
             raise _enotty("more than 64 commands")
         held = pu["assoc"]
-        advanced = False
+        key = (package, punit)
+        changed: set[int] | None = None
         for core, clos in assoc:  # entries before a failing one stay applied (§1.1)
             if not 0 <= core < MODULES_PER_PUNIT_MAX or (self.config.strict and not 0 <= clos < 4):
                 raise _enotty(f"assoc core {core} clos {clos}")
             value = clos & 0x3 if self.config.strict else clos & 0xF
             if held[core] != value:  # the same CLOS again changes no frequency
-                if not advanced:  # the counters to now, at the frequencies until now
-                    self._advance()
-                    advanced = True
+                if changed is None:
+                    # the frequencies until now first; the counters of the
+                    # CPUs this changes advance to now when they are computed
+                    if self._stale or self._stale_punits:
+                        self._recompute()
+                    self._changed_at[key] = self.clock()
+                    changed = self._stale_modules.setdefault(key, set())
+                    self._stale_punits.add(key)
                 held[core] = value
-                self._stale_punits.add((package, punit))
+                changed.add(core)
         self._log("clos-assoc", pkg=package, punit=punit, n=len(assoc))
 
     def perf_set_feature(self, package: int, punit: int, feature: int) -> None:
@@ -570,11 +631,17 @@ class SimBackend(Backend):
     # ------------------------------------------------------------------ the model
 
     def _advance(self) -> None:
-        """Advance TSC/MPERF/APERF to now at the frequencies in effect since the
-        last change (recomputed first when a change made them stale)."""
+        """Advance TSC/MPERF/APERF of every CPU to now at the frequencies in
+        effect since the last change (recomputed first when a change made
+        them stale)."""
         if self._stale or self._stale_punits:
             self._recompute()
         now = self.clock()
+        if self._at is not None:
+            self._advance_cpus(now, range(self.config.ncpus))
+            self._at = None
+            self.state["clock"] = now
+            return
         us = int((now - float(self.state["clock"])) * 1_000_000)
         if us <= 0:
             return
@@ -589,6 +656,26 @@ class SimBackend(Backend):
             v + int(f * b) for v, f, b in zip(cpus["aperf"], cpus["max_mhz"], busy, strict=True)
         ]
 
+    def _advance_cpus(self, now: float, which: Iterable[int]) -> None:
+        """:meth:`_advance` of the CPUs ``which``, each from its own time."""
+        if self._at is None:
+            self._at = [float(self.state["clock"])] * self.config.ncpus
+        at = self._at
+        cpus = self.state["cpus"]
+        tsc, mperf, aperf, load, max_mhz = (
+            cpus["tsc"], cpus["mperf"], cpus["aperf"], cpus["load"], cpus["max_mhz"]
+        )  # fmt: skip
+        tsc_mhz = self.config.tsc_mhz
+        for cpu in which:
+            us = int((now - at[cpu]) * 1_000_000)
+            if us <= 0:
+                continue
+            at[cpu] = now
+            busy = us * load[cpu]
+            tsc[cpu] += tsc_mhz * us
+            mperf[cpu] += int(tsc_mhz * busy)
+            aperf[cpu] += int(max_mhz[cpu] * busy)
+
     def tf_effective(self, package: int, punit: int) -> bool:
         """§5.5.11: TF status and CP enabled and ordered and turbo on."""
         pu = self._punit(package, punit)
@@ -599,9 +686,14 @@ class SimBackend(Backend):
 
     def _recompute(self) -> None:
         """The frequency oracle (§5.5.12) for every CPU (after an association
-        change alone: for the CPUs of the punits it changed)."""
+        change alone: for the CPUs of the punits it changed, of the modules it
+        changed when the punit's other inputs are as before). A CPU whose
+        frequencies an association changed has its counters advanced to the
+        time of the change first, at the frequencies until then."""
         every = self._stale or not self._stale_punits
         only, self._stale_punits = self._stale_punits, set()
+        modules_of, self._stale_modules = self._stale_modules, {}
+        changed_at, self._changed_at = self._changed_at, {}
         self._stale = False
         c = self.config
         cpus = self.state["cpus"]
@@ -609,10 +701,10 @@ class SimBackend(Backend):
         load = cpus["load"]
         default = (c.cpuinfo_min_khz, c.cpuinfo_max_khz)
         max_mhz, min_mhz, limits = cpus["max_mhz"], cpus["min_mhz"], self._limits
-        for (pkg, pu_id), modules in self._module_cpus.items():
-            if not every and (pkg, pu_id) not in only:
+        for key, modules in self._module_cpus.items():
+            if not every and key not in only:
                 continue
-            pu = self._punit(pkg, pu_id)
+            pu = self._punit(*key)
             assoc = pu["assoc"]
             hp = assoc[: c.cores_per_punit].count(0)
             bucket = next((b for b, n in enumerate(c.tf_buckets) if hp <= n), None)
@@ -621,11 +713,19 @@ class SimBackend(Backend):
                 (f for n, f in zip(c.trl_buckets, c.trl_mhz, strict=False) if active <= n),
                 c.trl_mhz[-1],
             )
-            tf = self.tf_effective(pkg, pu_id)
-            for module, threads in enumerate(modules):
+            tf = self.tf_effective(*key)
+            cp = bool(pu["cp_enable"])
+            inputs = (bucket, trl, tf, cp, no_turbo, repr(pu["clos"]) if cp else "")
+            which: Iterable[int] = range(len(modules))
+            if not every and self._punit_inputs.get(key) == inputs and key in modules_of:
+                which = sorted(m for m in modules_of[key] if m < len(modules))
+            self._punit_inputs[key] = inputs
+            at = changed_at.get(key)
+            for module in which:
+                threads = modules[module]
                 clos = assoc[module] & 0x3
                 hi = clos_min = 0
-                if pu["cp_enable"]:
+                if cp:
                     lo, hi, _ = pu["clos"][clos]
                     hi *= 100
                     clos_min = lo * 100
@@ -641,6 +741,8 @@ class SimBackend(Backend):
                     if hi and hi < cap:
                         cap = hi
                     max_eff = min(cap, limit)
+                    if at is not None and max_mhz[cpu] != max_eff:
+                        self._advance_cpus(at, (cpu,))
                     max_mhz[cpu] = max_eff
                     min_mhz[cpu] = min(max(smin // 1000, clos_min), max_eff)
 
