@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import msgspec
 
 from nri_framework import cpuset
 from nri_framework.topology import (
@@ -148,15 +149,14 @@ def _cstate_names(cpuidle: str) -> frozenset[str]:
 # discovery
 
 
-@dataclass(slots=True)
-class _CacheGroups:
+class _CacheGroups(msgspec.Struct):
     """The cache groups of one level during discovery: key -> shared CPUs, and the file
     that first defined each key (for error messages)."""
 
     level: int
-    masks: dict[int, int] = field(default_factory=dict)
-    paths: dict[int, str] = field(default_factory=dict)
-    of_cpu: dict[int, int] = field(default_factory=dict)
+    masks: dict[int, int] = msgspec.field(default_factory=dict)
+    paths: dict[int, str] = msgspec.field(default_factory=dict)
+    of_cpu: dict[int, int] = msgspec.field(default_factory=dict)
 
     def add(self, cpu: int, shared: int, cache_id: int | None, path: str) -> None:
         if not shared >> cpu & 1:
@@ -322,7 +322,9 @@ def _memory_types(
         if not n.cpus and has_memory >> n.id & 1:
             kind = MemoryType.HBM if n.mem_total_kb < dram_avg else MemoryType.PMEM
             log.info("node %d has %s memory", n.id, kind)
-        out[n.id] = replace(n, memory_type=kind, normal_memory=bool(has_normal >> n.id & 1))
+        out[n.id] = msgspec.structs.replace(
+            n, memory_type=kind, normal_memory=bool(has_normal >> n.id & 1)
+        )
     return out
 
 

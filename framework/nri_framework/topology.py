@@ -44,9 +44,10 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
+
+import msgspec
 
 from nri_framework import cpuset
 
@@ -96,8 +97,7 @@ class MemoryType(enum.StrEnum):
     HBM = "HBM"
 
 
-@dataclass(frozen=True, slots=True)
-class CpuFreq:
+class CpuFreq(msgspec.Struct, frozen=True):
     """``cpufreq`` limits in kHz; 0 when unknown."""
 
     min: int = 0
@@ -105,8 +105,7 @@ class CpuFreq:
     max: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class CpuInfo:
+class CpuInfo(msgspec.Struct, frozen=True):
     """One online CPU and its group keys at every level (built once at discovery)."""
 
     id: int
@@ -135,8 +134,7 @@ class CpuInfo:
         return (self.package, self.die)
 
 
-@dataclass(frozen=True, slots=True)
-class NumaNode:
+class NumaNode(msgspec.Struct, frozen=True):
     id: int
     cpus: int
     """Online CPUs of the node (0 for a memory-only node)."""
@@ -152,14 +150,13 @@ class NumaNode:
     """In ``node/has_normal_memory`` (not only movable memory)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TreeNode:
+class TreeNode(msgspec.Struct, frozen=True):
     """A node of the CPU tree (balloons ``cputree.go``): name, level, CPUs, children."""
 
     name: str
     level: Level
     cpus: int
-    children: tuple[TreeNode, ...] = field(default=())
+    children: tuple[TreeNode, ...] = ()
 
     def walk(self) -> Iterator[TreeNode]:
         """This node and all its descendants, depth first, children in order."""

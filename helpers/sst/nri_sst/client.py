@@ -38,11 +38,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
-import zmq
-import zmq.asyncio
+
+if TYPE_CHECKING:
+    import zmq
+    import zmq.asyncio
 
 from nri_sst import PROTOCOL_VERSION
 from nri_sst import messages as m
@@ -252,12 +254,21 @@ def _configure(sock: zmq.Socket[Any]) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_SIZE)
 
 
+def _import_zmq() -> None:
+    """pyzmq (~10 ms of imports) when the first client is built, not when the
+    plugin imports this module: a start without an SST helper never needs it."""
+    global zmq
+    import zmq
+    import zmq.asyncio  # zmq.asyncio.Context in HelperClient
+
+
 class _Shell:
     """What both shells share: the session and the typed ``call``."""
 
     def __init__(
         self, endpoint: str, timeout: float, client: str, clock: Clock = time.monotonic
     ) -> None:
+        _import_zmq()
         self.session = Session(endpoint, client, timeout, clock)
 
     @property

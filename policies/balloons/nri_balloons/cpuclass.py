@@ -177,10 +177,14 @@ class CpuClassHandler:
         self.turbo_domain = "package"
         self.allowed = topology.online
         self.domain_of: dict[int, int] = {}
+        self._domain_cpus: dict[int, int] = {}
+        """domain -> its CPUs in ``domain_of`` (in the order of their lowest CPU)"""
         self.defs: dict[str, ClassDef] = {}
         """synthetic name -> resolved definition"""
         self.cpu_class: dict[int, str] = {}
         """cpu -> synthetic class name ("" = no class: never written)"""
+        self._class_cpus: dict[str, int] = {}
+        """synthetic class name -> its CPUs in ``cpu_class`` (kept with it)"""
         self.active: dict[int, dict[str, int]] = {}
         """domain -> class -> CPU mask"""
         self.winner: dict[int, int] = {}
@@ -226,9 +230,14 @@ class CpuClassHandler:
             if self.allowed >> cpu & 1
         }
         domains = sorted(set(self.domain_of.values()))
+        self._domain_cpus = {}
+        for cpu in sorted(self.domain_of):
+            in_domain = self.domain_of[cpu]
+            self._domain_cpus[in_domain] = self._domain_cpus.get(in_domain, 0) | 1 << cpu
         self.defs = {}
         self.dirty |= cpuset.from_ids(c for c, name in self.cpu_class.items() if name)
         self.cpu_class = {}
+        self._class_cpus = {}
         self.active = {}
         self.winner = {d: -1 for d in domains}
         if self.turbo is None and any(
@@ -293,10 +302,7 @@ class CpuClassHandler:
                 per_class[cls] &= ~cpus
                 if not per_class[cls]:
                     del per_class[cls]
-        by_domain: dict[int, int] = {}
-        for cpu in cpuset.ids(cpus):
-            d = self.domain_of.get(cpu, 0)
-            by_domain[d] = by_domain.get(d, 0) | 1 << cpu
+        by_domain = self._by_domain(cpus)
         if name:
             for d, mask in by_domain.items():
                 per_class = self.active.setdefault(d, {})
@@ -305,10 +311,38 @@ class CpuClassHandler:
             self._recalculate_turbo(d)
         for d, mask in by_domain.items():
             syn = self._synthetic(name, d)
-            for cpu in cpuset.ids(mask):
-                if self.cpu_class.get(cpu) != syn:
-                    self.cpu_class[cpu] = syn
-                    self.dirty |= 1 << cpu
+            # Only the CPUs whose class changes are visited (a balloon growing by
+            # one CPU asks for its whole set again: per CPU, a Synchronize of a
+            # balloon of n CPUs was quadratic).
+            change = mask & ~self._class_cpus.get(syn, 0)
+            if not change:
+                continue
+            for other, held in list(self._class_cpus.items()):
+                if held & change:
+                    if held & ~change:
+                        self._class_cpus[other] = held & ~change
+                    else:
+                        del self._class_cpus[other]
+            self._class_cpus[syn] = self._class_cpus.get(syn, 0) | change
+            for cpu in cpuset.ids(change):
+                self.cpu_class[cpu] = syn
+            self.dirty |= change
+
+    def _by_domain(self, cpus: int) -> dict[int, int]:
+        """``cpus`` split by turbo domain, in the order of each part's lowest CPU
+        (CPUs of no domain count in domain 0)."""
+        by_domain: dict[int, int] = {}
+        rest = cpus
+        for d, held in self._domain_cpus.items():
+            part = cpus & held
+            if part:
+                by_domain[d] = part
+                rest &= ~part
+        if rest:
+            by_domain[0] = by_domain.get(0, 0) | rest
+        if len(by_domain) > 1:
+            by_domain = dict(sorted(by_domain.items(), key=lambda kv: kv[1] & -kv[1]))
+        return by_domain
 
     def _synthetic(self, name: str, d: int) -> str:
         if not name or name not in self.classes:

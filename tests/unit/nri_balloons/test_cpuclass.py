@@ -528,3 +528,82 @@ def test_plugin_without_helper_warns_and_honours_log_debug(
         assert logging.getLogger("cpuclass").level == logging.NOTSET
     finally:
         logging.getLogger("cpuclass").setLevel(logging.NOTSET)
+
+
+class _PerCpuUse(CpuClassHandler):
+    """The oracle: ``use`` as it was, splitting by domain and comparing classes
+    CPU by CPU."""
+
+    def use(self, cpus: int, name: str) -> None:
+        cpus &= self.allowed
+        if not cpus:
+            return
+        if name and name not in self.classes:
+            logging.getLogger("nri_balloons.cpuclass").error("unknown CPU class %r", name)
+        self.pct.use(cpus, name)
+        for per_class in self.active.values():
+            for c in list(per_class):
+                per_class[c] &= ~cpus
+                if not per_class[c]:
+                    del per_class[c]
+        by_domain: dict[int, int] = {}
+        for cpu in cpuset.ids(cpus):
+            d = self.domain_of.get(cpu, 0)
+            by_domain[d] = by_domain.get(d, 0) | 1 << cpu
+        if name:
+            for d, mask in by_domain.items():
+                per_class = self.active.setdefault(d, {})
+                per_class[name] = per_class.get(name, 0) | mask
+        for d in sorted(by_domain):
+            self._recalculate_turbo(d)
+        for d, mask in by_domain.items():
+            syn = self._synthetic(name, d)
+            for cpu in cpuset.ids(mask):
+                if self.cpu_class.get(cpu) != syn:
+                    self.cpu_class[cpu] = syn
+                    self.dirty |= 1 << cpu
+
+
+def _state(h: CpuClassHandler) -> tuple[object, ...]:
+    return (list(h.cpu_class.items()), h.dirty, h.active, h.winner, h.defs)
+
+
+@pytest.mark.parametrize("domain", ["package", "system"])
+@pytest.mark.parametrize("seed", range(4))
+def test_use_visits_changed_cpus_only_with_the_per_cpu_result(domain: str, seed: int) -> None:
+    import random
+
+    rnd = random.Random(seed)
+    topo = topology()
+    online = cpuset.ids(topo.online)
+    allowed = topo.online if seed % 2 else cpuset.from_ids(online[1:-2])
+    names = ["", *(c.name for c in TURBO_CLASSES)]
+    ours = CpuClassHandler(topo, Recorder())
+    oracle = _PerCpuUse(topo, Recorder())
+    for h in (ours, oracle):
+        h.configure(list(TURBO_CLASSES), domain, allowed, idle_class="default-noturbo")
+    grown = 0
+    for _ in range(300):
+        op = rnd.random()
+        if op < 0.4:  # a balloon grows by one CPU: its class on its whole set again
+            grown |= 1 << rnd.choice(online)
+            name = rnd.choice(names)
+            for h in (ours, oracle):
+                h.forget(grown)
+                h.use(grown, name)
+        elif op < 0.8:
+            mask = cpuset.from_ids(rnd.sample(online, rnd.randint(1, len(online))))
+            name = rnd.choice(names)
+            for h in (ours, oracle):
+                h.use(mask, name)
+        elif op < 0.95:
+            mask = cpuset.from_ids(rnd.sample(online, rnd.randint(1, 4)))
+            for h in (ours, oracle):
+                h.forget(mask)
+        else:
+            grown = 0
+            for h in (ours, oracle):
+                h.reset()
+        assert _state(ours) == _state(oracle)
+        if rnd.random() < 0.1:
+            ours.dirty = oracle.dirty = 0  # as a commit does
