@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
+
+import msgspec
 
 from nri_framework.model import Container, Pod, RuntimeInfo, Update
 
@@ -28,8 +29,7 @@ if TYPE_CHECKING:
 Sample = tuple[tuple[str, ...], float]
 
 
-@dataclass(frozen=True)
-class MetricFamily:
+class MetricFamily(msgspec.Struct, frozen=True):
     """A policy's metric as plain data: the framework owns ``prometheus_client``.
 
     :param name: exported as ``nri_policy_<name>_<unit>`` (``balloons`` +
@@ -113,8 +113,7 @@ class Host(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Peer:
+class Peer(msgspec.Struct, frozen=True):
     """A process the policy works with but not waits for (the SST helper for
     balloons), named by the hook ``policy_peer``: :class:`PeerWatch` looks
     for it while the plugin runs."""

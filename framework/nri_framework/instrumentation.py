@@ -65,7 +65,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -173,14 +172,12 @@ def parse_address(text: str) -> tuple[str | None, int]:
     return (host or None), int(port_text)
 
 
-@dataclass(frozen=True)
-class Health:
+class Health(msgspec.Struct, frozen=True):
     ok: bool
     reason: str
 
 
-@dataclass(frozen=True)
-class Response:
+class Response(msgspec.Struct, frozen=True):
     status: int
     content_type: str
     body: bytes

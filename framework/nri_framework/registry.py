@@ -21,9 +21,10 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
+
+import msgspec
 
 from nri_framework import hookspecs
 
@@ -48,8 +49,7 @@ class CommandUnavailable(LookupError):
     part of it, is missing)."""
 
 
-@dataclass(frozen=True)
-class PolicyInfo:
+class PolicyInfo(msgspec.Struct, frozen=True):
     name: str
     target: str
     distribution: str

@@ -14,9 +14,9 @@ import os
 import re
 import socket
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from google.protobuf.message import DecodeError, Message
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
@@ -53,8 +53,7 @@ class Disconnected(Exception):
     """The trunk to the runtime is gone."""
 
 
-@dataclass
-class StubOptions:
+class StubOptions(msgspec.Struct):
     name: str = "resource-policy"
     index: str = "90"
     socket_path: str = DEFAULT_SOCKET

@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 log = logging.getLogger("nri_framework.agent")
 
@@ -20,8 +21,7 @@ RESYNC = 300.0
 RETRY = 5.0
 
 
-@dataclass(frozen=True)
-class AgentOptions:
+class AgentOptions(msgspec.Struct, frozen=True):
     node: str
     namespace: str
     group_label: str = DEFAULT_GROUP_LABEL

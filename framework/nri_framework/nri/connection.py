@@ -10,7 +10,8 @@ returns events, ``send_*`` queue bytes that :meth:`data_to_send` hands over.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from nri_framework.nri import mux
 from nri_framework.nri.ttrpc import (
@@ -31,8 +32,7 @@ class Role(enum.Enum):
     RUNTIME = "runtime"
 
 
-@dataclass(frozen=True, slots=True)
-class ConnectionClosed:
+class ConnectionClosed(msgspec.Struct, frozen=True):
     """The trunk carried something unrecoverable; close the socket."""
 
     reason: str

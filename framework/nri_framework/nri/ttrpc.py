@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
 
+import msgspec
 from google.protobuf.message import DecodeError
 
 from nri_framework.pb import ttrpc_pb2
@@ -72,8 +72,7 @@ def oversized_message(length: int) -> str:
 # --- events -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RequestReceived:
+class RequestReceived(msgspec.Struct, frozen=True):
     """A unary request arrived on a server stream."""
 
     stream_id: int
@@ -84,8 +83,7 @@ class RequestReceived:
     metadata: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseReceived:
+class ResponseReceived(msgspec.Struct, frozen=True):
     """The answer to one of our requests. ``code`` 0 means OK."""
 
     stream_id: int
@@ -94,8 +92,7 @@ class ResponseReceived:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class ProtocolNotice:
+class ProtocolNotice(msgspec.Struct, frozen=True):
     """Something the peer sent was dropped or answered with an error; log it."""
 
     reason: str
@@ -113,16 +110,14 @@ def encode_message(stream_id: int, msg_type: int, data: bytes, flags: int = 0) -
     return HEADER.pack(len(data), stream_id, msg_type, flags) + data
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(msgspec.Struct, frozen=True):
     stream_id: int
     msg_type: int
     flags: int
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class OversizedFrame:
+class OversizedFrame(msgspec.Struct, frozen=True):
     """A header announced more than :data:`MAX_MESSAGE`; its data is discarded."""
 
     stream_id: int
