@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -118,8 +117,7 @@ class Members(dict[str, Member]):
         return self.get(cid, default)
 
 
-@dataclass
-class Balloon:
+class Balloon(msgspec.Struct):
     """One instance of a balloon type."""
 
     bdef: BalloonType
@@ -127,11 +125,11 @@ class Balloon:
     cpus: int = 0
     shared_idle: int = 0
     mems: int = 0
-    members: Members = field(default_factory=Members)
-    groups: Counter[str] = field(default_factory=Counter)
+    members: Members = msgspec.field(default_factory=Members)
+    groups: Counter[str] = msgspec.field(default_factory=Counter)
     #: component balloons of a composite balloon (reference §7); its ``cpus``
     #: is their union. Components are not in the policy's balloon list.
-    components: list[Balloon] = field(default_factory=list)
+    components: list[Balloon] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.members, Members):

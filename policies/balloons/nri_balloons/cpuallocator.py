@@ -30,8 +30,8 @@ import enum
 import functools
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+import msgspec
 from nri_framework import cpuset
 from nri_framework.topology import Topology
 
@@ -55,8 +55,7 @@ class AllocFlag(enum.IntFlag):
     DEFAULT = IDLE_PACKAGES | IDLE_CLUSTERS | CACHE_GROUPS | IDLE_CORES
 
 
-@dataclass(frozen=True, slots=True)
-class _Cluster:
+class _Cluster(msgspec.Struct, frozen=True):
     pkg: int
     die: int
     cluster: int
@@ -64,8 +63,7 @@ class _Cluster:
     efficient: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _CacheGroup:
+class _CacheGroup(msgspec.Struct, frozen=True):
     id: int
     pkg: int
     die: int

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 from nri_framework import cpuset
 from nri_framework.topology import Topology
 from nri_sst import messages as m
@@ -87,8 +87,7 @@ class CpuClassError(Exception):
 # --------------------------------------------------------------------------- classes
 
 
-@dataclass(frozen=True)
-class ClassDef:
+class ClassDef(msgspec.Struct, frozen=True):
     """A class with its frequencies resolved to kHz (0 = don't write)."""
 
     min_freq: int = 0
@@ -100,8 +99,7 @@ class ClassDef:
     disabled_cstates: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class TurboInfo:
+class TurboInfo(msgspec.Struct, frozen=True):
     """min/base/max turbo kHz of the first online CPU with a frequency range."""
 
     min_khz: int
@@ -138,8 +136,7 @@ def turbo_info(topology: Topology) -> TurboInfo | None:
     return None
 
 
-@dataclass
-class _Written:
+class _Written(msgspec.Struct):
     """What the last successful commit wrote to one CPU (None = nothing yet)."""
 
     min_freq: int | None = None
@@ -149,20 +146,20 @@ class _Written:
     cstates: tuple[str, ...] | None = None
 
 
-@dataclass(frozen=True)
-class _FreqDelta:
+class _FreqDelta(msgspec.Struct, frozen=True):
     min_khz: int | None
     max_khz: int | None
     governor: str | None
     epp: str | None
 
 
-@dataclass
-class _Plan:
-    requests: list[WriteRequest] = field(default_factory=list)
+class _Plan(msgspec.Struct):
+    requests: list[WriteRequest] = msgspec.field(default_factory=list)
     """In order; ``done[i]`` records request ``i`` as written."""
-    done: list[list[tuple[int, _Written]]] = field(default_factory=list)
-    uncore_done: list[tuple[tuple[int, int], tuple[int, int]] | None] = field(default_factory=list)
+    done: list[list[tuple[int, _Written]]] = msgspec.field(default_factory=list)
+    uncore_done: list[tuple[tuple[int, int], tuple[int, int]] | None] = msgspec.field(
+        default_factory=list
+    )
 
 
 class CpuClassHandler:

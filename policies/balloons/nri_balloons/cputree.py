@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from nri_framework import cpuset
 from nri_framework.topology import Topology, TreeNode
 
@@ -70,8 +70,7 @@ whose ``cpusets`` are read at every resize. An empty list is no hint at all; the
 mask 0 is a hint that never fits (as a virtual device with an empty set upstream)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ResizeHints:
+class ResizeHints(msgspec.Struct, frozen=True):
     """The hints of one resize, passed down the chain: ``prefer`` after the type's
     ``prefer_close_to``, ``avoid`` after its ``prefer_far_from``."""
 

@@ -29,7 +29,6 @@ import enum
 import logging
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import msgspec
 from nri_framework.model import Container, Pod
@@ -84,13 +83,12 @@ def _error(text: str) -> ExpressionError:
 _MISSING = object()
 
 
-@dataclass(frozen=True)
-class Subject:
+class Subject(msgspec.Struct, frozen=True):
     """What an expression is evaluated against: a container, its pod, its tags."""
 
     container: Container
     pod: Pod | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] = msgspec.field(default_factory=dict)
 
     def eval_key(self, key: str) -> object:
         c, pod = self.container, self.pod
@@ -129,8 +127,7 @@ class Subject:
         return pod + self.container.name
 
 
-@dataclass(frozen=True)
-class _PodScope:
+class _PodScope(msgspec.Struct, frozen=True):
     pod: Pod
     container: Container
 

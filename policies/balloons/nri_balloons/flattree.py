@@ -9,15 +9,14 @@ index (``<numa>class<k>``), as upstream's ``SplitLevel``.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
+import msgspec
 from nri_framework.topology import Topology, TreeNode
 
 __all__ = ["FlatTree", "drop_trivial_levels", "flat_tree", "flatten"]
 
 
-@dataclass(frozen=True, slots=True)
-class FlatTree:
+class FlatTree(msgspec.Struct, frozen=True):
     """The CPU tree in preorder. ``end[i]`` is the index after node ``i``'s subtree;
     ``parent`` of the root is ``len(masks)`` (a slot holding the empty path)."""
 

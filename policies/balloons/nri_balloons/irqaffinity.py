@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
 
+import msgspec
 from nri_framework import cpuset
 from nri_sst import messages as m
 
@@ -33,8 +33,7 @@ SINK = "sink"
 ISOLATE = "isolate"
 
 
-@dataclass(frozen=True)
-class Irq:
+class Irq(msgspec.Struct, frozen=True):
     number: int
     description: str
     affinity: int
@@ -199,6 +198,6 @@ class IrqAffinity:
                 old = self.irqs.get(num)
                 if old is None:
                     continue
-                self.irqs[num] = replace(old, affinity=cpuset.from_ids(now))
+                self.irqs[num] = msgspec.structs.replace(old, affinity=cpuset.from_ids(now))
                 log.debug('set affinity of %s to "%s"', old, cpuset.format(batch[num]))
         return True

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+import msgspec
 from nri_framework import cpuset
 from nri_framework.kubelet_cpu import QOSClass
 from nri_framework.model import Container
@@ -79,8 +79,7 @@ def memory_limit(container: Container) -> int:
     return mem.limit if mem is not None and mem.limit and mem.limit > 0 else 0
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryRequest:
+class MemoryRequest(msgspec.Struct, frozen=True):
     """The nodes chosen for one request and the requested types the node lacks."""
 
     nodes: int

@@ -37,7 +37,6 @@ import enum
 import logging
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import msgspec
 from nri_framework import cpuset
@@ -260,8 +259,7 @@ class MemoryAllocation(msgspec.Struct, kw_only=True):
     """allocation order (the younger is moved first on a tie)"""
 
 
-@dataclass(slots=True)
-class _Request:
+class _Request(msgspec.Struct):
     id: str
     name: str
     limit: int

@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from dataclasses import dataclass, field
 
+import msgspec
 from nri_framework import cpuset
 
 from nri_balloons.gofmt import quote
@@ -30,13 +30,12 @@ from nri_balloons.pctstate import PctState
 log = logging.getLogger("cpuclass")
 
 
-@dataclass
-class Hints:
+class Hints(msgspec.Struct):
     """Placement hints of one class for one resize: ``prefer`` is a list of
     hints, each an ordered list of alternative CPU sets; ``avoid`` CPU sets."""
 
-    prefer: list[tuple[str, list[int]]] = field(default_factory=list)
-    avoid: list[tuple[str, int]] = field(default_factory=list)
+    prefer: list[tuple[str, list[int]]] = msgspec.field(default_factory=list)
+    avoid: list[tuple[str, int]] = msgspec.field(default_factory=list)
 
 
 class PlacementHints(PctState):

@@ -14,7 +14,8 @@ associates CPUs with its CLOS, :mod:`nri_balloons.pcthints` places balloons by i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from nri_balloons.config import CPUClass
 from nri_balloons.frequency import Frequency
@@ -29,8 +30,7 @@ class PctError(Exception):
     """A PCT plan that cannot be applied (upstream ``cpuclass: pct configure``)."""
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(msgspec.Struct, frozen=True):
     """What one PCT cpuClass asks for."""
 
     clos: int
@@ -41,8 +41,7 @@ class Plan:
     """``high``/``low`` in managed mode"""
 
 
-@dataclass
-class Punit:
+class Punit(msgspec.Struct):
     package: int
     punit: int
     cpus: int

@@ -11,7 +11,6 @@ back to if the new configuration cannot be set up.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import msgspec
 from nri_framework.topology import Topology
@@ -26,8 +25,7 @@ from nri_balloons.validation import PreparedConfig
 __all__ = ["Placement", "TypeOptions", "changes_placement"]
 
 
-@dataclass(frozen=True)
-class TypeOptions:
+class TypeOptions(msgspec.Struct, frozen=True):
     """A balloon type with the policy-wide values it inherits resolved."""
 
     topology_balancing: bool
@@ -51,22 +49,23 @@ class TypeOptions:
         )
 
 
-@dataclass
-class Placement:
+class Placement(msgspec.Struct):
     """Balloons, free CPUs and trees of one configuration (empty: none yet)."""
 
     config: PreparedConfig | None = None
     allowed: int = 0
     reserved: int = 0
-    types: dict[str, BalloonType] = field(default_factory=dict)
-    options: dict[str, TypeOptions] = field(default_factory=dict)
-    trees: TypeTrees = field(default_factory=TypeTrees)
-    balloons: list[Balloon] = field(default_factory=list)
+    types: dict[str, BalloonType] = msgspec.field(default_factory=dict)
+    options: dict[str, TypeOptions] = msgspec.field(default_factory=dict)
+    trees: TypeTrees = msgspec.field(default_factory=TypeTrees)
+    balloons: list[Balloon] = msgspec.field(default_factory=list)
     free: int = 0
     initial_free: int = 0
     """The free CPUs once the pre-created balloons exist (NRT allocatable)."""
-    owner: dict[str, Balloon] = field(default_factory=dict)
-    device_hints: dict[str, tuple[str, dict[str, VirtualDevice]]] = field(default_factory=dict)
+    owner: dict[str, Balloon] = msgspec.field(default_factory=dict)
+    device_hints: dict[str, tuple[str, dict[str, VirtualDevice]]] = msgspec.field(
+        default_factory=dict
+    )
     """Balloon name -> (the container it was created for, that container's
     resolved ``podresourceapi:`` entries): removed when the container leaves."""
 

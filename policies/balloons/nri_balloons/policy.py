@@ -19,9 +19,9 @@ import logging
 import math
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
+import msgspec
 from nri_framework import cpuset
 from nri_framework.journal import StateChanges
 from nri_framework.model import Container, Pod
@@ -868,23 +868,21 @@ class BalloonsPolicy:
         return iter(self.balloons)
 
 
-@dataclass(slots=True)
-class _PinnedBalloon:
+class _PinnedBalloon(msgspec.Struct):
     """One balloon's part of a pinning, and what it was computed from."""
 
     balloon: Balloon
     key: tuple[Any, ...]
     members: dict[str, Member]
-    pod_ids: list[str] = field(default_factory=list)
-    pods: list[Pod | None] = field(default_factory=list)
+    pod_ids: list[str] = msgspec.field(default_factory=list)
+    pods: list[Pod | None] = msgspec.field(default_factory=list)
     """the pod of each member (of ``pod_ids``) as the pinning saw it"""
-    annotations: dict[str, _MemberAnnotations] = field(default_factory=dict)
-    allocated: dict[str, int] = field(default_factory=dict)
-    pins: dict[str, tuple[str, str]] = field(default_factory=dict)
+    annotations: dict[str, _MemberAnnotations] = msgspec.field(default_factory=dict)
+    allocated: dict[str, int] = msgspec.field(default_factory=dict)
+    pins: dict[str, tuple[str, str]] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class _MemberAnnotations:
+class _MemberAnnotations(msgspec.Struct, frozen=True):
     """A member's pinning annotations, as read from ``pod`` (the object the
     runtime sent: a pod sent anew is read anew)."""
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 
 import msgspec
 from nri_framework.model import Container, Pod, Resources
@@ -50,8 +49,7 @@ CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
 _QUOTED = 64
 
 
-@dataclass(frozen=True)
-class _Controller:
+class _Controller(msgspec.Struct, frozen=True):
     what: str  # as upstream's warnings name it
     key: str
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 
+import msgspec
 from nri_sst import messages as m
 
 from nri_balloons.config import CacheIdCat, RdtClass, RdtControl, RdtOptions
@@ -43,19 +43,16 @@ class RdtConfigError(ValueError):
     """An invalid ``control.rdt`` (goresctrl's messages)."""
 
 
-@dataclass(frozen=True)
-class Pct:
+class Pct(msgspec.Struct, frozen=True):
     pct: int
 
 
-@dataclass(frozen=True)
-class PctRange:
+class PctRange(msgspec.Struct, frozen=True):
     low: int
     high: int
 
 
-@dataclass(frozen=True)
-class Mask:
+class Mask(msgspec.Struct, frozen=True):
     mask: int
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+import msgspec
 from nri_framework import cpuset
 from nri_framework.topology import Topology
 
@@ -39,17 +39,16 @@ log = logging.getLogger("policy")
 __all__ = ["TypeTrees", "build_trees", "class_hints"]
 
 
-@dataclass
-class TypeTrees:
+class TypeTrees(msgspec.Struct):
     """Balloon type name -> its CPU tree allocator, the load devices
     (``loaded-<level>``) each type carries, and the place of each of its
     ``podresourceapi:`` entries in its close-to list (a virtual device set per
     balloon at each resize: a balloon's pod-resource hints are its own)."""
 
-    trees: dict[str, CpuTreeAllocator] = field(default_factory=dict)
-    load_devices: dict[str, LoadedDevice] = field(default_factory=dict)
-    type_loads: dict[str, list[LoadedDevice]] = field(default_factory=dict)
-    podres_slots: dict[str, dict[str, VirtualDevice]] = field(default_factory=dict)
+    trees: dict[str, CpuTreeAllocator] = msgspec.field(default_factory=dict)
+    load_devices: dict[str, LoadedDevice] = msgspec.field(default_factory=dict)
+    type_loads: dict[str, list[LoadedDevice]] = msgspec.field(default_factory=dict)
+    podres_slots: dict[str, dict[str, VirtualDevice]] = msgspec.field(default_factory=dict)
 
     def for_resize(
         self,

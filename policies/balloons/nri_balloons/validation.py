@@ -37,7 +37,6 @@ types, cpuClasses) and builds the :class:`PreparedConfig` the policy applies.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 import msgspec
 from nri_framework import cpuset
@@ -78,8 +77,7 @@ VIRT_DEV_RESERVED_CPUS = "reserved CPUs"
 PODRES_PREFIX = "podresourceapi:"
 
 
-@dataclass(frozen=True)
-class PreparedConfig:
+class PreparedConfig(msgspec.Struct, frozen=True):
     """What the policy runs with once a configuration is valid.
 
     ``spec`` has legacy ``control.cpu.classes`` merged; ``balloon_types`` is
@@ -97,12 +95,11 @@ class PreparedConfig:
     reserved: int | None
 
 
-@dataclass
-class Validation:
+class Validation(msgspec.Struct):
     """The outcome of :func:`validate`."""
 
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = msgspec.field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
     prepared: PreparedConfig | None = None
 
     @property
