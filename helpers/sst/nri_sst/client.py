@@ -36,7 +36,6 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -77,8 +76,7 @@ class HelperRequestError(Exception):
         self.message = error.message
 
 
-@dataclass(frozen=True)
-class Send:
+class Send(msgspec.Struct, frozen=True):
     """The next frames of a call to send (the request after its Hello)."""
 
     frames: list[bytes]

@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import msgspec
+
 #: Past the powers of two, the line is repeated every this many attempts of
 #: one problem (about 10 minutes at the default maximum delay of 10 s).
 REPEAT_EVERY = 64
 
 
-@dataclass(frozen=True)
-class Obstacle:
+class Obstacle(msgspec.Struct, frozen=True):
     """Why a process cannot work in this pod, as its one line: ``path`` is
     ``problem``; ``fix`` names what to change (the chart's value or volume)."""
 
