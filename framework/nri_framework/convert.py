@@ -127,6 +127,48 @@ def pod_from_pb(p: pb.PodSandbox) -> Pod:
     )
 
 
+#: Serialized bytes of the pods :class:`ResentPods` keeps, at most (and each
+#: pod at most a sixteenth of it): a hostile runtime's huge or endless pods
+#: cost no more than this besides their conversion.
+RESENT_PODS_BYTES = 1 << 20
+
+
+class ResentPods:
+    """:func:`pod_from_pb` for a runtime that resends the same pod with every
+    event of its containers (the create, the update, the stop, the removals):
+    the last conversion of each pod id is reused while the pod's serialized
+    bytes are the same (a serialization costs a tenth of a conversion; equal
+    bytes are an equal message, and a :class:`Pod` is frozen). Bounded by
+    :data:`RESENT_PODS_BYTES`, the least recently converted forgotten first."""
+
+    def __init__(self, max_bytes: int = RESENT_PODS_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._pods: dict[str, tuple[bytes, Pod]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def convert(self, p: pb.PodSandbox) -> Pod:
+        data: bytes = p.SerializeToString()
+        known = self._pods.get(p.id)
+        if known is not None and known[0] == data:
+            return known[1]
+        pod = pod_from_pb(p)
+        self.forget(pod.id)
+        if len(data) <= self.max_bytes >> 4:
+            self._pods[pod.id] = (data, pod)
+            self.size += len(data)
+            while self.size > self.max_bytes:
+                self.forget(next(iter(self._pods)))
+        return pod
+
+    def forget(self, pod_id: str) -> None:
+        known = self._pods.pop(pod_id, None)
+        if known is not None:
+            self.size -= len(known[0])
+
+
 def container_from_pb(c: pb.Container) -> Container:
     linux = c.linux
     has_res = c.HasField("linux") and linux.HasField("resources")

@@ -126,6 +126,8 @@ class Session:
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed_reason = ""
         self.handlers: dict[str, Handler] = {}
+        #: the pods of this runtime's requests, converted once while resent unchanged
+        self.pods = convert.ResentPods()
         self._install_handlers()
 
     # -- plumbing ------------------------------------------------------------
@@ -282,13 +284,15 @@ class Session:
 
         def handle(payload: bytes) -> bytes:
             req: Any = req_type.FromString(payload)
-            pod = convert.pod_from_pb(req.pod)
+            pod = self.pods.convert(req.pod)
             container = None
             if has_container and req.HasField("container"):
                 container = convert.container_from_pb(req.container)
             _check_container(event, container is not None)
             self.advance(_event_kind(container is not None), method)
             self.host.notify(event, pod, container)
+            if event is Event.REMOVE_POD_SANDBOX:
+                self.pods.forget(pod.id)
             return b""
 
         return handle
@@ -354,7 +358,7 @@ class Session:
         req = pb.CreateContainerRequest.FromString(payload)
         self.advance(LifecycleEvent.CONTAINER_EVENT, "CreateContainer")
         result = self.host.create_container(
-            convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
+            self.pods.convert(req.pod), convert.container_from_pb(req.container)
         )
         return wire(convert.create_result_to_pb(result))
 
@@ -362,7 +366,7 @@ class Session:
         req = pb.UpdateContainerRequest.FromString(payload)
         self.advance(LifecycleEvent.CONTAINER_EVENT, "UpdateContainer")
         updates = self.host.update_container(
-            convert.pod_from_pb(req.pod),
+            self.pods.convert(req.pod),
             convert.container_from_pb(req.container),
             convert.resources_from_pb(req.linux_resources),
         )
@@ -375,7 +379,7 @@ class Session:
         req = pb.StopContainerRequest.FromString(payload)
         self.advance(LifecycleEvent.CONTAINER_EVENT, "StopContainer")
         updates = self.host.stop_container(
-            convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
+            self.pods.convert(req.pod), convert.container_from_pb(req.container)
         )
         resp = pb.StopContainerResponse()
         for u in updates:
@@ -386,7 +390,7 @@ class Session:
         req = pb.UpdatePodSandboxRequest.FromString(payload)
         self.advance(LifecycleEvent.POD_EVENT, "UpdatePodSandbox")
         self.host.update_pod_sandbox(
-            convert.pod_from_pb(req.pod), convert.resources_from_pb(req.linux_resources)
+            self.pods.convert(req.pod), convert.resources_from_pb(req.linux_resources)
         )
         return b""
 
@@ -402,7 +406,10 @@ class Session:
         _check_container(event, has_container)
         self.advance(_event_kind(has_container), "StateChange")
         container = convert.container_from_pb(req.container) if has_container else None
-        self.host.notify(event, convert.pod_from_pb(req.pod), container)
+        pod = self.pods.convert(req.pod)
+        self.host.notify(event, pod, container)
+        if event is Event.REMOVE_POD_SANDBOX:
+            self.pods.forget(pod.id)
         return b""
 
     def background(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -235,3 +235,25 @@ async def test_a_container_event_without_its_container_is_malformed(
     ok = await trunk.call(method, container_request(getattr(pb, f"{method}Request"), "c1"))
     assert ok.code == 0, ok.message
     assert trunk.policy.calls == ([("start", "c1")] if method == "StartContainer" else [])
+
+
+async def test_resent_pods_converted_once_forgotten_at_removal(trunk: Trunk) -> None:
+    await synchronize(trunk)
+
+    def create(cid: str, value: str) -> bytes:
+        req = pb.CreateContainerRequest()
+        req.pod.id, req.pod.annotations["a"] = "p", value
+        req.container.id, req.container.pod_sandbox_id = cid, "p"
+        return bytes(req.SerializeToString())
+
+    assert (await trunk.call("CreateContainer", create("c1", "1"))).code == 0
+    pod = trunk.session.host.cache.pods["p"]
+    assert (await trunk.call("CreateContainer", create("c2", "1"))).code == 0
+    assert trunk.session.host.cache.pods["p"] is pod  # resent unchanged: converted once
+    assert (await trunk.call("CreateContainer", create("c3", "2"))).code == 0
+    assert trunk.session.host.cache.pods["p"].annotations == {"a": "2"}  # changed: anew
+    assert len(trunk.session.pods) == 1
+    removed = pb.StateChangeEvent(event=pb.REMOVE_POD_SANDBOX)
+    removed.pod.id = "p"
+    assert (await trunk.call("StateChange", removed.SerializeToString())).code == 0
+    assert len(trunk.session.pods) == 0 and "p" not in trunk.session.host.cache.pods
