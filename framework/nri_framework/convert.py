@@ -54,19 +54,30 @@ def _wrapped(msg: Any, strings: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def resources_from_pb(r: pb.LinuxResources) -> Resources:
-    cpu = None
-    if r.HasField("cpu"):
-        cpu = CpuResources(**_wrapped(r.cpu, _CPU_STRINGS))
-    memory = None
-    if r.HasField("memory"):
-        memory = MemoryResources(**_wrapped(r.memory))
+    # the fields that are set, with one ListFields (not a HasField per field)
+    cpu = memory = blockio_class = rdt_class = pids_limit = None
+    unified: dict[str, str] = {}
+    for fd, v in r.ListFields():
+        name = fd.name
+        if name == "cpu":
+            cpu = CpuResources(**_wrapped(v, _CPU_STRINGS))
+        elif name == "memory":
+            memory = MemoryResources(**_wrapped(v))
+        elif name == "blockio_class":
+            blockio_class = v.value
+        elif name == "rdt_class":
+            rdt_class = v.value
+        elif name == "unified":
+            unified = dict(v)
+        elif name == "pids":
+            pids_limit = v.limit
     return Resources(
         cpu=cpu,
         memory=memory,
-        blockio_class=r.blockio_class.value if r.HasField("blockio_class") else None,
-        rdt_class=r.rdt_class.value if r.HasField("rdt_class") else None,
-        unified=dict(r.unified),
-        pids_limit=r.pids.limit if r.HasField("pids") else None,
+        blockio_class=blockio_class,
+        rdt_class=rdt_class,
+        unified=unified,
+        pids_limit=pids_limit,
     )
 
 
@@ -74,17 +85,26 @@ def resources_to_pb(res: Resources, out: pb.LinuxResources) -> None:
     """Fill ``out`` with the fields of ``res`` that are set."""
     if res.cpu is not None:
         c = res.cpu
-        oc = out.cpu
-        for name in _CPU_OPT:
-            v = getattr(c, name)
-            if v is not None:
-                getattr(oc, name).value = v
-        if c.cpus:
-            oc.cpus = c.cpus
-        if c.mems:
-            oc.mems = c.mems
-        if not oc.ListFields():
-            out.ClearField("cpu")
+        if (
+            c.cpus
+            or c.mems
+            or not (
+                c.shares is None
+                and c.quota is None
+                and c.period is None
+                and c.realtime_runtime is None
+                and c.realtime_period is None
+            )
+        ):  # else nothing to set: the cpu field stays absent
+            oc = out.cpu
+            for name in _CPU_OPT:
+                v = getattr(c, name)
+                if v is not None:
+                    getattr(oc, name).value = v
+            if c.cpus:
+                oc.cpus = c.cpus
+            if c.mems:
+                oc.mems = c.mems
     if res.memory is not None:
         for name in _MEM_OPT:
             v = getattr(res.memory, name)

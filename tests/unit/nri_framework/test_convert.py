@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nri_framework import convert
-from nri_framework.model import ContainerState, CpuResources, MemoryResources
+from nri_framework.model import ContainerState, CpuResources, MemoryResources, Resources
 from nri_framework.pb import nri_pb2 as pb
 
 
@@ -80,3 +80,17 @@ def test_resent_pods_are_bounded_in_bytes() -> None:
     # a pod of more than a sixteenth of the budget is converted, not kept
     big = pods.convert(sent_pod("big", a="x" * 300))
     assert big.annotations == {"a": "x" * 300} and len(pods) == 4096 // one
+
+
+def test_resources_to_pb_sets_cpu_only_with_something_in_it() -> None:
+    for cpu, present in (
+        (CpuResources(), False),
+        (CpuResources(shares=0), True),  # zero is a value: the wrapper is set
+        (CpuResources(realtime_period=0), True),
+        (CpuResources(mems="0"), True),
+    ):
+        out = pb.LinuxResources()
+        convert.resources_to_pb(Resources(cpu=cpu), out)
+        assert out.HasField("cpu") is present, cpu
+        if present:
+            assert convert.resources_from_pb(out).cpu == cpu
