@@ -128,8 +128,8 @@ def pod_from_pb(p: pb.PodSandbox) -> Pod:
         name=p.name,
         uid=p.uid,
         namespace=p.namespace,
-        labels=dict(p.labels),
-        annotations=dict(p.annotations),
+        labels=dict(p.labels) if p.labels else {},
+        annotations=dict(p.annotations) if p.annotations else {},
         runtime_handler=p.runtime_handler,
         cgroup_parent=linux.cgroup_parent,
         cgroups_path=linux.cgroups_path,
@@ -143,7 +143,7 @@ def pod_from_pb(p: pb.PodSandbox) -> Pod:
         if has_linux and linux.HasField("resources")
         else None,
         pid=p.pid,
-        ips=list(p.ips),
+        ips=list(p.ips) if p.ips else [],
     )
 
 
@@ -190,6 +190,7 @@ class ResentPods:
 
 
 def container_from_pb(c: pb.Container) -> Container:
+    # an empty map or list is not copied (a new empty one is cheaper)
     linux = c.linux
     has_res = c.HasField("linux") and linux.HasField("resources")
     state = _STATES.get(c.state, ContainerState.UNKNOWN)
@@ -198,10 +199,10 @@ def container_from_pb(c: pb.Container) -> Container:
         pod_sandbox_id=c.pod_sandbox_id,
         name=c.name,
         state=state,
-        labels=dict(c.labels),
-        annotations=dict(c.annotations),
-        args=list(c.args),
-        env=list(c.env),
+        labels=dict(c.labels) if c.labels else {},
+        annotations=dict(c.annotations) if c.annotations else {},
+        args=list(c.args) if c.args else [],
+        env=list(c.env) if c.env else [],
         resources=resources_from_pb(linux.resources) if has_res else None,
         cgroups_path=linux.cgroups_path,
         pid=c.pid,
