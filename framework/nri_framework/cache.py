@@ -75,7 +75,7 @@ class Cache:
         known = self._stored_of.get(c.id)
         if known is not None and known[0] is c:
             return known[1]
-        stored = msgspec.structs.replace(c, args=[], env=[])
+        stored = msgspec.structs.replace(c, args=[], env=[]) if c.args or c.env else c
         self._stored_of[c.id] = (c, stored)
         return stored
 

@@ -54,19 +54,30 @@ def _wrapped(msg: Any, strings: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def resources_from_pb(r: pb.LinuxResources) -> Resources:
-    cpu = None
-    if r.HasField("cpu"):
-        cpu = CpuResources(**_wrapped(r.cpu, _CPU_STRINGS))
-    memory = None
-    if r.HasField("memory"):
-        memory = MemoryResources(**_wrapped(r.memory))
+    # the fields that are set, with one ListFields (not a HasField per field)
+    cpu = memory = blockio_class = rdt_class = pids_limit = None
+    unified: dict[str, str] = {}
+    for fd, v in r.ListFields():
+        name = fd.name
+        if name == "cpu":
+            cpu = CpuResources(**_wrapped(v, _CPU_STRINGS))
+        elif name == "memory":
+            memory = MemoryResources(**_wrapped(v))
+        elif name == "blockio_class":
+            blockio_class = v.value
+        elif name == "rdt_class":
+            rdt_class = v.value
+        elif name == "unified":
+            unified = dict(v)
+        elif name == "pids":
+            pids_limit = v.limit
     return Resources(
         cpu=cpu,
         memory=memory,
-        blockio_class=r.blockio_class.value if r.HasField("blockio_class") else None,
-        rdt_class=r.rdt_class.value if r.HasField("rdt_class") else None,
-        unified=dict(r.unified),
-        pids_limit=r.pids.limit if r.HasField("pids") else None,
+        blockio_class=blockio_class,
+        rdt_class=rdt_class,
+        unified=unified,
+        pids_limit=pids_limit,
     )
 
 
@@ -74,17 +85,26 @@ def resources_to_pb(res: Resources, out: pb.LinuxResources) -> None:
     """Fill ``out`` with the fields of ``res`` that are set."""
     if res.cpu is not None:
         c = res.cpu
-        oc = out.cpu
-        for name in _CPU_OPT:
-            v = getattr(c, name)
-            if v is not None:
-                getattr(oc, name).value = v
-        if c.cpus:
-            oc.cpus = c.cpus
-        if c.mems:
-            oc.mems = c.mems
-        if not oc.ListFields():
-            out.ClearField("cpu")
+        if (
+            c.cpus
+            or c.mems
+            or not (
+                c.shares is None
+                and c.quota is None
+                and c.period is None
+                and c.realtime_runtime is None
+                and c.realtime_period is None
+            )
+        ):  # else nothing to set: the cpu field stays absent
+            oc = out.cpu
+            for name in _CPU_OPT:
+                v = getattr(c, name)
+                if v is not None:
+                    getattr(oc, name).value = v
+            if c.cpus:
+                oc.cpus = c.cpus
+            if c.mems:
+                oc.mems = c.mems
     if res.memory is not None:
         for name in _MEM_OPT:
             v = getattr(res.memory, name)
@@ -108,8 +128,8 @@ def pod_from_pb(p: pb.PodSandbox) -> Pod:
         name=p.name,
         uid=p.uid,
         namespace=p.namespace,
-        labels=dict(p.labels),
-        annotations=dict(p.annotations),
+        labels=dict(p.labels) if p.labels else {},
+        annotations=dict(p.annotations) if p.annotations else {},
         runtime_handler=p.runtime_handler,
         cgroup_parent=linux.cgroup_parent,
         cgroups_path=linux.cgroups_path,
@@ -123,11 +143,54 @@ def pod_from_pb(p: pb.PodSandbox) -> Pod:
         if has_linux and linux.HasField("resources")
         else None,
         pid=p.pid,
-        ips=list(p.ips),
+        ips=list(p.ips) if p.ips else [],
     )
 
 
+#: Serialized bytes of the pods :class:`ResentPods` keeps, at most (and each
+#: pod at most a sixteenth of it): a hostile runtime's huge or endless pods
+#: cost no more than this besides their conversion.
+RESENT_PODS_BYTES = 1 << 20
+
+
+class ResentPods:
+    """:func:`pod_from_pb` for a runtime that resends the same pod with every
+    event of its containers (the create, the update, the stop, the removals):
+    the last conversion of each pod id is reused while the pod's serialized
+    bytes are the same (a serialization costs a tenth of a conversion; equal
+    bytes are an equal message, and a :class:`Pod` is frozen). Bounded by
+    :data:`RESENT_PODS_BYTES`, the least recently converted forgotten first."""
+
+    def __init__(self, max_bytes: int = RESENT_PODS_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._pods: dict[str, tuple[bytes, Pod]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def convert(self, p: pb.PodSandbox) -> Pod:
+        data: bytes = p.SerializeToString()
+        known = self._pods.get(p.id)
+        if known is not None and known[0] == data:
+            return known[1]
+        pod = pod_from_pb(p)
+        self.forget(pod.id)
+        if len(data) <= self.max_bytes >> 4:
+            self._pods[pod.id] = (data, pod)
+            self.size += len(data)
+            while self.size > self.max_bytes:
+                self.forget(next(iter(self._pods)))
+        return pod
+
+    def forget(self, pod_id: str) -> None:
+        known = self._pods.pop(pod_id, None)
+        if known is not None:
+            self.size -= len(known[0])
+
+
 def container_from_pb(c: pb.Container) -> Container:
+    # an empty map or list is not copied (a new empty one is cheaper)
     linux = c.linux
     has_res = c.HasField("linux") and linux.HasField("resources")
     state = _STATES.get(c.state, ContainerState.UNKNOWN)
@@ -136,10 +199,10 @@ def container_from_pb(c: pb.Container) -> Container:
         pod_sandbox_id=c.pod_sandbox_id,
         name=c.name,
         state=state,
-        labels=dict(c.labels),
-        annotations=dict(c.annotations),
-        args=list(c.args),
-        env=list(c.env),
+        labels=dict(c.labels) if c.labels else {},
+        annotations=dict(c.annotations) if c.annotations else {},
+        args=list(c.args) if c.args else [],
+        env=list(c.env) if c.env else [],
         resources=resources_from_pb(linux.resources) if has_res else None,
         cgroups_path=linux.cgroups_path,
         pid=c.pid,

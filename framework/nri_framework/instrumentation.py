@@ -60,6 +60,7 @@ runtime, the health, the cached containers with their cpusets, and under
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import os
@@ -135,9 +136,10 @@ class RequestLatency:
             self.observe(method, self.clock() - started)
 
     def observe(self, method: str, seconds: float) -> None:
-        counts = self.counts.setdefault(method, [0] * (len(self.buckets) + 1))
-        slot = next((i for i, le in enumerate(self.buckets) if seconds <= le), len(self.buckets))
-        counts[slot] += 1
+        counts = self.counts.get(method)
+        if counts is None:
+            counts = self.counts[method] = [0] * (len(self.buckets) + 1)
+        counts[bisect.bisect_left(self.buckets, seconds)] += 1  # the first bound >= seconds
         self.sums[method] = self.sums.get(method, 0.0) + seconds
 
     def family(self) -> HistogramMetricFamily:

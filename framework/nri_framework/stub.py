@@ -13,8 +13,8 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, SupportsIndex
 
 import msgspec
 from google.protobuf.message import DecodeError, Message
@@ -94,6 +94,84 @@ def wire(msg: Message) -> bytes:
     return data
 
 
+#: Bytes a :class:`TrunkReader` keeps without a sink before it stops reading.
+KEPT_MAX = 1 << 16
+
+
+class TrunkReader(asyncio.StreamReader):
+    """The trunk's :class:`asyncio.StreamReader`, which hands what arrives to a
+    sink (:meth:`Session.receive`) in the transport's read callback: a request
+    is answered in the callback that read it, without waking a task for each
+    read or a second turn of the loop (~15 us of every request). What arrives
+    while there is no sink is kept for the next one; :meth:`ended` is the
+    reason the trunk ended (EOF or the transport's error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sink: Callable[[bytes], None] | None = None
+        self._kept = bytearray()
+        self._end: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._reading: asyncio.BaseTransport | None = None
+        self._paused = False
+
+    def set_transport(self, transport: asyncio.BaseTransport) -> None:
+        super().set_transport(transport)
+        self._reading = transport
+
+    def hand_to(self, sink: Callable[[bytes], None] | None) -> None:
+        """Hand what arrives to ``sink`` (first what was kept); ``None``: keep it."""
+        self._sink = sink
+        if sink is None:
+            return
+        if self._kept:
+            data = bytes(self._kept)
+            self._kept.clear()
+            sink(data)
+        if self._paused and isinstance(self._reading, asyncio.ReadTransport):
+            self._paused = False
+            self._reading.resume_reading()
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        chunk = bytes(data)  # the transport's bytes themselves (no copy)
+        if self._sink is not None:
+            self._sink(chunk)
+        elif not self._end.done():  # after the end: nobody will read it
+            self._kept += chunk
+            if len(self._kept) > KEPT_MAX and isinstance(self._reading, asyncio.ReadTransport):
+                self._paused = True  # a sink comes soon; until then the peer waits
+                self._reading.pause_reading()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self.finish("runtime closed the connection")
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        self.finish(f"connection lost: {exc}")
+
+    def finish(self, reason: str) -> None:
+        """End the trunk for ``reason`` (the first one given stays)."""
+        if not self._end.done():
+            self._end.set_result(reason)
+
+    def ended_already(self) -> bool:
+        return self._end.done()
+
+    async def ended(self) -> str:
+        return await asyncio.shield(self._end)
+
+
+async def open_trunk(
+    path: str | None = None, *, sock: socket.socket | None = None
+) -> tuple[TrunkReader, asyncio.StreamWriter]:
+    """:func:`asyncio.open_unix_connection` with a :class:`TrunkReader`."""
+    loop = asyncio.get_running_loop()
+    reader = TrunkReader()
+    protocol = asyncio.StreamReaderProtocol(reader)
+    transport, _ = await loop.create_unix_connection(lambda: protocol, path, sock=sock)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
 class Session:
     """One connected trunk: the read loop, dispatch of requests, our own calls."""
 
@@ -101,7 +179,7 @@ class Session:
         self,
         host: PolicyHost,
         opts: StubOptions,
-        reader: asyncio.StreamReader,
+        reader: TrunkReader,
         writer: asyncio.StreamWriter,
         latency: RequestLatency | None = None,
     ) -> None:
@@ -125,13 +203,17 @@ class Session:
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed_reason = ""
         self.handlers: dict[str, Handler] = {}
+        #: the pods of this runtime's requests, converted once while resent unchanged
+        self.pods = convert.ResentPods()
         self._install_handlers()
 
     # -- plumbing ------------------------------------------------------------
 
     def advance(self, event: LifecycleEvent, what: str = "") -> None:
         """Move the lifecycle (raises :class:`LifecycleError`) and wake its waiters."""
-        self.lifecycle.apply(event, what)
+        before = self.lifecycle.state
+        if self.lifecycle.apply(event, what) is before:
+            return  # the waiters it reaches are set already
         for waiter, reached in (
             (self.registered, self.lifecycle.registered),
             (self.configured, self.lifecycle.configured),
@@ -181,33 +263,43 @@ class Session:
         return resp
 
     async def read_loop(self) -> None:
+        """Serve the trunk until it ends: what arrives is handled by :meth:`receive`
+        in the transport's read callback (:class:`TrunkReader`)."""
+        reader = self.reader
         try:
-            while True:
-                data = await self.reader.read(65536)
-                if not data:
-                    self.closed_reason = "runtime closed the connection"
-                    return
-                for ev in self.conn.receive_data(data):
-                    if isinstance(ev, RequestReceived):
-                        self.dispatch(ev)
-                    elif isinstance(ev, ResponseReceived):
-                        fut = self.calls.get(ev.stream_id)
-                        if fut is not None and not fut.done():
-                            fut.set_result((ev.code, ev.message, ev.payload))
-                    elif isinstance(ev, ProtocolNotice):
-                        log.warning("NRI protocol: %s", ev.reason)
-                    elif isinstance(ev, ConnectionClosed):
-                        log.error("closing NRI connection: %s", ev.reason)
-                        self.closed_reason = ev.reason
-                        return
-                self.flush()
-        except (ConnectionError, OSError) as exc:
-            self.closed_reason = f"connection lost: {exc}"
+            reader.hand_to(self.receive)
+            if reader.at_eof():  # the end came before us
+                reader.finish("runtime closed the connection")
+            elif (exc := reader.exception()) is not None:
+                reader.finish(f"connection lost: {exc}")
+            reason = await reader.ended()
+            self.closed_reason = self.closed_reason or reason
         finally:
+            reader.hand_to(None)
             self.advance(LifecycleEvent.CONNECTION_LOST)
             for fut in self.calls.values():
                 if not fut.done():
                     fut.set_exception(Disconnected(self.closed_reason or "connection closed"))
+
+    def receive(self, data: bytes) -> None:
+        """Bytes from the trunk: answer the requests, resolve our calls, send."""
+        if self.reader.ended_already():
+            return
+        for ev in self.conn.receive_data(data):
+            if isinstance(ev, RequestReceived):
+                self.dispatch(ev)
+            elif isinstance(ev, ResponseReceived):
+                fut = self.calls.get(ev.stream_id)
+                if fut is not None and not fut.done():
+                    fut.set_result((ev.code, ev.message, ev.payload))
+            elif isinstance(ev, ProtocolNotice):
+                log.warning("NRI protocol: %s", ev.reason)
+            elif isinstance(ev, ConnectionClosed):
+                log.error("closing NRI connection: %s", ev.reason)
+                self.closed_reason = ev.reason
+                self.reader.finish(ev.reason)
+                return
+        self.flush()
 
     def dispatch(self, ev: RequestReceived) -> None:
         """Answer one request. Handlers are synchronous: decisions never interleave."""
@@ -222,8 +314,12 @@ class Session:
                 ev.stream_id, code=Code.UNIMPLEMENTED, message=f"method {ev.method}"
             )
             return
-        with self.latency.timing(ev.method):  # a method of ours: a bounded label set
+        latency = self.latency  # its timing() inlined: this is every request's path
+        started = latency.clock()
+        try:
             self._answer(ev, entry)
+        finally:  # a method of ours: a bounded label set
+            latency.observe(ev.method, latency.clock() - started)
 
     def _answer(self, ev: RequestReceived, handler: Handler) -> None:
         try:
@@ -281,13 +377,15 @@ class Session:
 
         def handle(payload: bytes) -> bytes:
             req: Any = req_type.FromString(payload)
-            pod = convert.pod_from_pb(req.pod)
+            pod = self.pods.convert(req.pod)
             container = None
             if has_container and req.HasField("container"):
                 container = convert.container_from_pb(req.container)
             _check_container(event, container is not None)
             self.advance(_event_kind(container is not None), method)
             self.host.notify(event, pod, container)
+            if event is Event.REMOVE_POD_SANDBOX:
+                self.pods.forget(pod.id)
             return b""
 
         return handle
@@ -353,7 +451,7 @@ class Session:
         req = pb.CreateContainerRequest.FromString(payload)
         self.advance(LifecycleEvent.CONTAINER_EVENT, "CreateContainer")
         result = self.host.create_container(
-            convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
+            self.pods.convert(req.pod), convert.container_from_pb(req.container)
         )
         return wire(convert.create_result_to_pb(result))
 
@@ -361,7 +459,7 @@ class Session:
         req = pb.UpdateContainerRequest.FromString(payload)
         self.advance(LifecycleEvent.CONTAINER_EVENT, "UpdateContainer")
         updates = self.host.update_container(
-            convert.pod_from_pb(req.pod),
+            self.pods.convert(req.pod),
             convert.container_from_pb(req.container),
             convert.resources_from_pb(req.linux_resources),
         )
@@ -374,7 +472,7 @@ class Session:
         req = pb.StopContainerRequest.FromString(payload)
         self.advance(LifecycleEvent.CONTAINER_EVENT, "StopContainer")
         updates = self.host.stop_container(
-            convert.pod_from_pb(req.pod), convert.container_from_pb(req.container)
+            self.pods.convert(req.pod), convert.container_from_pb(req.container)
         )
         resp = pb.StopContainerResponse()
         for u in updates:
@@ -385,7 +483,7 @@ class Session:
         req = pb.UpdatePodSandboxRequest.FromString(payload)
         self.advance(LifecycleEvent.POD_EVENT, "UpdatePodSandbox")
         self.host.update_pod_sandbox(
-            convert.pod_from_pb(req.pod), convert.resources_from_pb(req.linux_resources)
+            self.pods.convert(req.pod), convert.resources_from_pb(req.linux_resources)
         )
         return b""
 
@@ -401,7 +499,10 @@ class Session:
         _check_container(event, has_container)
         self.advance(_event_kind(has_container), "StateChange")
         container = convert.container_from_pb(req.container) if has_container else None
-        self.host.notify(event, convert.pod_from_pb(req.pod), container)
+        pod = self.pods.convert(req.pod)
+        self.host.notify(event, pod, container)
+        if event is Event.REMOVE_POD_SANDBOX:
+            self.pods.forget(pod.id)
         return b""
 
     def background(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -482,13 +583,13 @@ class PluginStub:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), delay)
 
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self) -> tuple[TrunkReader, asyncio.StreamWriter]:
         if self.opts.fd is not None:
             sock = socket.socket(
                 family=socket.AF_UNIX, type=socket.SOCK_STREAM, fileno=self.opts.fd
             )
-            return await asyncio.open_unix_connection(sock=sock)
-        return await asyncio.open_unix_connection(self.opts.socket_path)
+            return await open_trunk(sock=sock)
+        return await open_trunk(self.opts.socket_path)
 
     async def run_session(self) -> str:
         self.registered = False

@@ -77,6 +77,11 @@ class MuxDecoder:
         return len(self._hdr)
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        if not self._left and not self._hdr and len(data) > HEADER_LEN:
+            # the common read: exactly one whole frame (a request and its answer)
+            conn_id, length = HEADER.unpack_from(data)
+            if length == len(data) - HEADER_LEN and conn_id and length <= self.max_payload:
+                return [(conn_id, data[HEADER_LEN:])]
         pieces: list[tuple[int, bytes]] = []
         view = memoryview(data)
         pos, end = 0, len(data)

@@ -145,12 +145,15 @@ class FrameDecoder:
             self._skip -= n
             data = data[n:]
         buf = self._buf
-        buf += data
+        # nothing kept from before (the common case): cut ``data`` itself, keep the rest
+        src: bytes | bytearray = buf if buf else data
+        if buf:
+            buf += data
         pos = 0
-        end = len(buf)
+        end = len(src)
         unpack = HEADER.unpack_from
         while end - pos >= HEADER_LEN:
-            length, stream_id, msg_type, flags = unpack(buf, pos)
+            length, stream_id, msg_type, flags = unpack(src, pos)
             if length > MAX_MESSAGE:
                 out.append(OversizedFrame(stream_id, msg_type, length))
                 pos += HEADER_LEN
@@ -164,10 +167,13 @@ class FrameDecoder:
             if end - pos - HEADER_LEN < length:
                 break
             start = pos + HEADER_LEN
-            out.append(Frame(stream_id, msg_type, flags, bytes(buf[start : start + length])))
+            out.append(Frame(stream_id, msg_type, flags, bytes(src[start : start + length])))
             pos = start + length
-        if pos:
-            del buf[:pos]
+        if src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < end:
+            buf += data[pos:]
         return out
 
 
@@ -267,7 +273,7 @@ class TtrpcServer:
                     req.method,
                     req.payload,
                     req.timeout_nano,
-                    tuple((kv.key, kv.value) for kv in req.metadata),
+                    tuple((kv.key, kv.value) for kv in req.metadata) if req.metadata else (),
                 )
             )
         return events

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nri_framework import convert
-from nri_framework.model import ContainerState, CpuResources, MemoryResources
+from nri_framework.model import ContainerState, CpuResources, MemoryResources, Resources
 from nri_framework.pb import nri_pb2 as pb
 
 
@@ -42,3 +42,55 @@ def test_resources_round_trip_through_an_update() -> None:
     out = pb.LinuxResources()
     convert.resources_to_pb(res, out)
     assert out == r
+
+
+# --- ResentPods: a pod resent unchanged is converted once --------------------
+
+
+def sent_pod(pod_id: str, **annotations: str) -> pb.PodSandbox:
+    p = pb.PodSandbox(id=pod_id, name=pod_id, namespace="ns", annotations=annotations)
+    p.linux.cgroup_parent = f"/kubepods/pod{pod_id}"
+    p.linux.resources.cpu.shares.value = 1024
+    return p
+
+
+def test_resent_pod_is_converted_once_and_a_changed_one_anew() -> None:
+    pods = convert.ResentPods()
+    first = pods.convert(sent_pod("p", a="1"))
+    assert first == convert.pod_from_pb(sent_pod("p", a="1"))
+    assert pods.convert(sent_pod("p", a="1")) is first  # the same bytes: reused
+    changed = pods.convert(sent_pod("p", a="2"))
+    assert changed == convert.pod_from_pb(sent_pod("p", a="2"))
+    assert changed.annotations == {"a": "2"}
+    assert pods.convert(sent_pod("q", a="1")).id == "q"  # by pod id
+    assert len(pods) == 2
+    pods.forget("p")
+    assert len(pods) == 1 and pods.convert(sent_pod("p", a="2")) is not changed
+
+
+def test_resent_pods_are_bounded_in_bytes() -> None:
+    pods = convert.ResentPods(max_bytes=4096)
+    one = len(sent_pod("p0000").SerializeToString())
+    for i in range(1000):  # a runtime sending pods without end
+        pods.convert(sent_pod(f"p{i:04}"))
+        assert pods.size <= 4096
+    assert len(pods) == 4096 // one
+    kept = range(1000)[-len(pods) :]  # the last ones converted
+    assert pods.size == sum(len(sent_pod(f"p{i:04}").SerializeToString()) for i in kept)
+    # a pod of more than a sixteenth of the budget is converted, not kept
+    big = pods.convert(sent_pod("big", a="x" * 300))
+    assert big.annotations == {"a": "x" * 300} and len(pods) == 4096 // one
+
+
+def test_resources_to_pb_sets_cpu_only_with_something_in_it() -> None:
+    for cpu, present in (
+        (CpuResources(), False),
+        (CpuResources(shares=0), True),  # zero is a value: the wrapper is set
+        (CpuResources(realtime_period=0), True),
+        (CpuResources(mems="0"), True),
+    ):
+        out = pb.LinuxResources()
+        convert.resources_to_pb(Resources(cpu=cpu), out)
+        assert out.HasField("cpu") is present, cpu
+        if present:
+            assert convert.resources_from_pb(out).cpu == cpu

@@ -24,7 +24,7 @@ from nri_framework.nri.connection import NriConnection, Role
 from nri_framework.nri.lifecycle import LifecycleState
 from nri_framework.nri.ttrpc import Code, RequestReceived, ResponseReceived
 from nri_framework.pb import nri_pb2 as pb
-from nri_framework.stub import Session, StubOptions
+from nri_framework.stub import KEPT_MAX, Session, StubOptions, TrunkReader, open_trunk
 
 # Every v0.12 dedicated event RPC (reference nri-protocol.md A4).
 DEDICATED = (
@@ -94,7 +94,7 @@ async def trunk() -> AsyncIterator[Trunk]:
     plugin_end, runtime_end = socket.socketpair()
     policy = Recorder()
     host = PolicyHost("recorder", policy)
-    p_reader, p_writer = await asyncio.open_unix_connection(sock=plugin_end)
+    p_reader, p_writer = await open_trunk(sock=plugin_end)
     r_reader, r_writer = await asyncio.open_unix_connection(sock=runtime_end)
     session = Session(host, StubOptions(), p_reader, p_writer)
     reading = asyncio.create_task(session.read_loop())
@@ -235,3 +235,102 @@ async def test_a_container_event_without_its_container_is_malformed(
     ok = await trunk.call(method, container_request(getattr(pb, f"{method}Request"), "c1"))
     assert ok.code == 0, ok.message
     assert trunk.policy.calls == ([("start", "c1")] if method == "StartContainer" else [])
+
+
+async def test_resent_pods_converted_once_forgotten_at_removal(trunk: Trunk) -> None:
+    await synchronize(trunk)
+
+    def create(cid: str, value: str) -> bytes:
+        req = pb.CreateContainerRequest()
+        req.pod.id, req.pod.annotations["a"] = "p", value
+        req.container.id, req.container.pod_sandbox_id = cid, "p"
+        return bytes(req.SerializeToString())
+
+    assert (await trunk.call("CreateContainer", create("c1", "1"))).code == 0
+    pod = trunk.session.host.cache.pods["p"]
+    assert (await trunk.call("CreateContainer", create("c2", "1"))).code == 0
+    assert trunk.session.host.cache.pods["p"] is pod  # resent unchanged: converted once
+    assert (await trunk.call("CreateContainer", create("c3", "2"))).code == 0
+    assert trunk.session.host.cache.pods["p"].annotations == {"a": "2"}  # changed: anew
+    assert len(trunk.session.pods) == 1
+    removed = pb.StateChangeEvent(event=pb.REMOVE_POD_SANDBOX)
+    removed.pod.id = "p"
+    assert (await trunk.call("StateChange", removed.SerializeToString())).code == 0
+    assert len(trunk.session.pods) == 0 and "p" not in trunk.session.host.cache.pods
+
+
+# --- TrunkReader: what arrives goes to the session in the read callback ------
+
+
+@pytest.fixture
+async def trunk_pair() -> AsyncIterator[tuple[TrunkReader, socket.socket]]:
+    plugin_end, runtime_end = socket.socketpair()
+    reader, writer = await open_trunk(sock=plugin_end)
+    runtime_end.setblocking(False)
+    try:
+        yield reader, runtime_end
+    finally:
+        writer.close()
+        runtime_end.close()
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+
+
+async def test_trunk_keeps_what_arrives_without_a_sink_and_hands_it_first(
+    trunk_pair: tuple[TrunkReader, socket.socket],
+) -> None:
+    reader, peer = trunk_pair
+    got: list[bytes] = []
+    peer.send(b"one")
+    await settle()
+    reader.hand_to(got.append)
+    peer.send(b"two")
+    await settle()
+    reader.hand_to(None)
+    peer.send(b"three")
+    await settle()
+    reader.hand_to(got.append)
+    assert b"".join(got) == b"onetwothree" and got[1] == b"two"
+
+
+async def test_trunk_stops_reading_past_its_bound_until_a_sink_comes(
+    trunk_pair: tuple[TrunkReader, socket.socket],
+) -> None:
+    reader, peer = trunk_pair
+    sent = 0
+    with contextlib.suppress(BlockingIOError):
+        while sent < 8 * KEPT_MAX:  # a peer writing without end before anyone reads
+            sent += peer.send(b"x" * 4096)
+            if sent % (KEPT_MAX // 2) == 0:
+                await asyncio.sleep(0)
+    await settle()
+    assert len(reader._kept) <= KEPT_MAX + 4 * 65536  # stopped near the bound: not all of it
+    assert reader._kept and len(reader._kept) < sent
+    got: list[bytes] = []
+    reader.hand_to(got.append)  # reading again: the rest comes
+    for _ in range(200):
+        if sum(map(len, got)) == sent:
+            break
+        await asyncio.sleep(0.01)
+    assert sum(map(len, got)) == sent
+
+
+async def test_trunk_drops_what_arrives_after_its_end(
+    trunk_pair: tuple[TrunkReader, socket.socket],
+) -> None:
+    reader, peer = trunk_pair
+    reader.finish("closing NRI connection: garbage")
+    peer.send(b"late" * 1000)
+    await settle()
+    assert not reader._kept
+    assert await reader.ended() == "closing NRI connection: garbage"
+
+
+async def test_trunk_ends_at_eof(trunk_pair: tuple[TrunkReader, socket.socket]) -> None:
+    reader, peer = trunk_pair
+    reader.hand_to(lambda data: None)
+    peer.shutdown(socket.SHUT_WR)
+    assert await asyncio.wait_for(reader.ended(), 5) == "runtime closed the connection"

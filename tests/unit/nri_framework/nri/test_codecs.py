@@ -168,6 +168,16 @@ def test_mux_oversized_frame_closes() -> None:
     assert conn.receive_data(b"more") == []
 
 
+@pytest.mark.parametrize(
+    ("conn_id", "length", "error"),
+    [(0, 4, "reserved conn id 0"), (1, 65, "65 bytes on conn 1 exceeds the limit of 64")],
+)
+def test_mux_bad_whole_frame_in_one_read_raises(conn_id: int, length: int, error: str) -> None:
+    """One whole frame in one read (the decoder's shortcut) is checked as any frame."""
+    with pytest.raises(mux.MuxError, match=error):
+        mux.MuxDecoder(max_payload=64).feed(struct.pack(">II", conn_id, length) + b"x" * length)
+
+
 def test_large_incoming_frame_accepted() -> None:
     """Go peers may send the remainder of a big message in one large frame."""
     runtime = NriConnection(Role.RUNTIME, max_out_payload=mux.MAX_IN_PAYLOAD)
