@@ -366,10 +366,6 @@ class SyncHelperClient(_Shell):
                 while not self.wire.open:
                     self._read(call, handshake=True)
             except _Late:
-                # the socket stays, as libzmq's does: its grace is spent, so
-                # the next calls fail at once until the helper answers it
-                raise call.not_connected() from None
-            except _Gone:
                 self._close_socket()
                 self.session.needs_socket = True
                 raise call.not_connected() from None
@@ -392,7 +388,7 @@ class SyncHelperClient(_Shell):
     def _read(self, call: Call, handshake: bool = False) -> list[bytes] | None:
         """The next message's frames (None: the handshake is done), waiting
         until the call's deadline (``handshake``: the connect grace); raises
-        :class:`_Late` when that passed, :class:`_Gone` when the handshake failed."""
+        :class:`_Late` when that passed or the handshake failed."""
         assert self.sock is not None and self.wire is not None
         wire = self.wire
         while True:
@@ -408,7 +404,7 @@ class SyncHelperClient(_Shell):
                 raise call._broken(f"reply of {event.size} bytes from helper exceeds the limit")
             if isinstance(event, zmtp.Closed):
                 if handshake:
-                    raise _Gone
+                    raise _Late
                 raise call._broken(f"helper at {self.endpoint} broke the protocol: {event.reason}")
             try:
                 data = self.sock.recv(RECV_CHUNK)
@@ -421,7 +417,7 @@ class SyncHelperClient(_Shell):
                 data = b""
             if not data:
                 if handshake:
-                    raise _Gone
+                    raise _Late
                 raise call._broken(
                     f"helper at {self.endpoint} closed the connection before answering "
                     f"{type(call.request).__name__}"
@@ -482,10 +478,6 @@ class SyncHelperClient(_Shell):
 
 class _Late(Exception):
     """A wait of :class:`SyncHelperClient` passed without what it waited for."""
-
-
-class _Gone(Exception):
-    """The helper closed the connection or broke ZMTP during the handshake."""
 
 
 def _wait(sock: socket.socket, event: int, seconds: float) -> bool:
