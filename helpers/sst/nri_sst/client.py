@@ -34,8 +34,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import select
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ if TYPE_CHECKING:
     import zmq
     import zmq.asyncio
 
-from nri_sst import PROTOCOL_VERSION, zmtp
+from nri_sst import PROTOCOL_VERSION
 from nri_sst import messages as m
 
 DEFAULT_TIMEOUT = 0.1
@@ -61,10 +59,6 @@ node may not schedule at once; half the reply budget."""
 MAX_REPLY_SIZE = 4 * 1024 * 1024
 """Largest reply accepted (ZeroMQ drops a connection sending more; checked
 again before decoding)."""
-
-FRAME_OVERHEAD = 64
-"""Room for the empty delimiter and the request id beside the reply."""
-RECV_CHUNK = 64 * 1024
 
 R = TypeVar("R")
 Clock = Callable[[], float]
@@ -271,7 +265,11 @@ def _import_zmq() -> None:
 class _Shell:
     """What both shells share: the session and the typed ``call``."""
 
-    session: Session
+    def __init__(
+        self, endpoint: str, timeout: float, client: str, clock: Clock = time.monotonic
+    ) -> None:
+        _import_zmq()
+        self.session = Session(endpoint, client, timeout, clock)
 
     @property
     def endpoint(self) -> str:
@@ -305,19 +303,7 @@ class _Shell:
 
 class SyncHelperClient(_Shell):
     """The blocking shell (CLI, benchmarks, the plugin's reply path: every
-    wait ends at the call's deadline).
-
-    It speaks ZMTP itself (:mod:`nri_sst.zmtp`, the DEALER end) on a unix
-    stream socket, not through libzmq: a libzmq socket hands every message
-    to its I/O thread and takes every reply from it, two thread wake-ups
-    each way, which a loaded 2-core node schedules late (they were most of a
-    PCT create's wait for its reply). Here a send is one ``send`` to the
-    helper and a reply one ``recv`` from it. The semantics are libzmq's with
-    ``ZMQ_IMMEDIATE``: a helper that is not there (nothing listening, or no
-    ZMTP handshake within the connect grace) fails the send at once, the
-    next call connects again; a reply is bounded as it arrives
-    (:data:`MAX_REPLY_SIZE`); a connection the helper closed fails the call
-    at once (its outcome is unknown)."""
+    wait ends at the call's deadline)."""
 
     def __init__(
         self,
@@ -326,109 +312,25 @@ class SyncHelperClient(_Shell):
         client: str = "nri-sst-helper",
         clock: Clock = time.monotonic,
     ) -> None:
-        self.session = Session(endpoint, client, timeout, clock)
-        self.sock: socket.socket | None = None
-        self.wire: zmtp.Connection | None = None
+        super().__init__(endpoint, timeout, client, clock)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.sock: zmq.Socket[bytes] | None = None
+        self._rcvtimeo = -1
 
-    def _address(self) -> str:
-        path = self.endpoint.removeprefix("ipc://")
-        if path == self.endpoint or not path:
-            raise HelperUnavailable(f"helper at {self.endpoint}: not an ipc:// endpoint")
-        return "\0" + path[1:] if path.startswith("@") else path
-
-    def _socket(self, call: Call) -> socket.socket:
-        """The connected socket, its handshake done (within the connect
-        grace of a new one); raises the call's ``not connected``."""
+    def _socket(self) -> zmq.Socket[bytes]:
         if self.sock is None or self.session.needs_socket:
             self._close_socket()
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-            sock.setblocking(False)
-            try:
-                sock.connect(self._address())
-            except (BlockingIOError, InterruptedError):
-                pass  # a full backlog: the handshake below waits within the grace
-            except OSError:
-                sock.close()
-                raise call.not_connected() from None
-            self.sock = sock
-            self.wire = zmtp.Connection(
-                max_size=MAX_REPLY_SIZE + FRAME_OVERHEAD,
-                max_frames=3,
-                discard_limit=MAX_REPLY_SIZE + FRAME_OVERHEAD,
-                discard_frames=3,
-                socket_type=b"DEALER",
-                peer_types=zmtp.SERVER_TYPES,
-            )
+            self.sock = self.ctx.socket(zmq.DEALER)
+            _configure(self.sock)
+            self.sock.connect(self.endpoint)
             self.session.connecting()
-        assert self.wire is not None
-        if not self.wire.open:
-            try:
-                while not self.wire.open:
-                    self._read(call, handshake=True)
-            except _Late:
-                self._close_socket()
-                self.session.needs_socket = True
-                raise call.not_connected() from None
         return self.sock
-
-    def _flush(self, data: bytes, call: Call) -> None:
-        assert self.sock is not None
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self.sock.send(view) :]
-            except (BlockingIOError, InterruptedError):
-                if not _wait(self.sock, select.POLLOUT, call.remaining()):
-                    raise call.timed_out() from None
-            except OSError:
-                self.session.lost()
-                self._close_socket()
-                raise call.not_connected() from None
-
-    def _read(self, call: Call, handshake: bool = False) -> list[bytes] | None:
-        """The next message's frames (None: the handshake is done), waiting
-        until the call's deadline (``handshake``: the connect grace); raises
-        :class:`_Late` when that passed or the handshake failed."""
-        assert self.sock is not None and self.wire is not None
-        wire = self.wire
-        while True:
-            event = wire.next_event()
-            out = wire.output()
-            if out:
-                self._flush(out, call)
-            if isinstance(event, zmtp.Message):
-                return event.frames
-            if isinstance(event, zmtp.Handshake):
-                return None
-            if isinstance(event, zmtp.Discarded):
-                raise call._broken(f"reply of {event.size} bytes from helper exceeds the limit")
-            if isinstance(event, zmtp.Closed):
-                if handshake:
-                    raise _Late
-                raise call._broken(f"helper at {self.endpoint} broke the protocol: {event.reason}")
-            try:
-                data = self.sock.recv(RECV_CHUNK)
-            except (BlockingIOError, InterruptedError):
-                wait = call.send_wait() if handshake else call.remaining()
-                if wait <= 0 or not _wait(self.sock, select.POLLIN, wait):
-                    raise _Late from None
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                if handshake:
-                    raise _Late
-                raise call._broken(
-                    f"helper at {self.endpoint} closed the connection before answering "
-                    f"{type(call.request).__name__}"
-                )
-            wire.receive(data)
 
     def _close_socket(self) -> None:
         if self.sock is not None:
-            self.sock.close()
+            self.sock.close(0)
             self.sock = None
-        self.wire = None
+        self._rcvtimeo = -1
 
     def close(self) -> None:
         self._close_socket()
@@ -442,23 +344,38 @@ class SyncHelperClient(_Shell):
     ) -> None:
         self.close()
 
+    def _send(self, sock: zmq.Socket[bytes], call: Call, frames: list[bytes]) -> None:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            wait = call.send_wait()
+            if not wait or not sock.poll(int(wait * 1000) + 1, zmq.POLLOUT):
+                raise call.not_connected() from None
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            raise call.not_connected() from None
+
     def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
         """Send ``req``, return its typed reply (see ``messages.REPLY_FOR``)."""
         call = self.session.begin(req, timeout)
+        sock = self._socket()
         frames = call.frames
         try:
             while True:
-                self._socket(call)
-                self._flush(zmtp.encode_frames(frames), call)
+                self._send(sock, call, frames)
                 while True:
                     left = call.remaining()
                     if left <= 0:
                         raise call.timed_out()
+                    ms = int(left * 1000) + 1
+                    if ms != self._rcvtimeo:  # a blocking receive with a timeout:
+                        sock.setsockopt(zmq.RCVTIMEO, ms)  # one call, no separate poll
+                        self._rcvtimeo = ms
                     try:
-                        got = self._read(call)
-                    except _Late:
-                        raise call.timed_out() from None
-                    if got is None:
+                        got = sock.recv_multipart()
+                    except zmq.Again:
                         continue
                     out = call.receive(got)
                     if isinstance(out, Send):
@@ -476,17 +393,6 @@ class SyncHelperClient(_Shell):
         return self._narrow(self.request(req, timeout), want)
 
 
-class _Late(Exception):
-    """A wait of :class:`SyncHelperClient` passed without what it waited for."""
-
-
-def _wait(sock: socket.socket, event: int, seconds: float) -> bool:
-    """``sock`` is ready for ``event`` within ``seconds``."""
-    poller = select.poll()
-    poller.register(sock, event)
-    return bool(poller.poll(max(int(seconds * 1000) + 1, 0)))
-
-
 class HelperClient(_Shell):
     """The asyncio shell; one request in flight at a time (serialised). A
     cancelled request leaves the socket as it is (its late reply is dropped)."""
@@ -498,8 +404,7 @@ class HelperClient(_Shell):
         client: str = "nri-resource-policy",
         clock: Clock = time.monotonic,
     ) -> None:
-        _import_zmq()
-        self.session = Session(endpoint, client, timeout, clock)
+        super().__init__(endpoint, timeout, client, clock)
         self.ctx = zmq.asyncio.Context.instance()
         self.sock: zmq.asyncio.Socket | None = None
         self._lock = asyncio.Lock()

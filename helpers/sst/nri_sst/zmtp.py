@@ -1,5 +1,4 @@
-"""ZMTP 3.1 (rfc.zeromq.org 37), one end of one stream connection, sans-IO:
-the helper's ROUTER end, and the DEALER end of the client's reply path.
+"""ZMTP 3.1 (rfc.zeromq.org 37), the ROUTER end of one stream connection, sans-IO.
 
 The helper speaks the ZeroMQ wire protocol itself instead of through libzmq,
 because libzmq cannot bound what a hostile peer costs: it assembles a whole
@@ -48,8 +47,6 @@ MAX_COMMAND = 1024
 """Largest command frame accepted (READY with a 255-byte identity fits)."""
 PEER_TYPES = frozenset({b"DEALER"})
 """Socket types that may connect: the helper's clients are DEALERs."""
-SERVER_TYPES = frozenset({b"ROUTER"})
-"""Socket types a DEALER end talks to: the helper is a ROUTER."""
 
 
 class Handshake(msgspec.Struct, frozen=True):
@@ -148,14 +145,12 @@ class Connection:
         discard_limit: int,
         discard_frames: int,
         socket_type: bytes = b"ROUTER",
-        peer_types: frozenset[bytes] = PEER_TYPES,
     ) -> None:
         self.max_size = max_size
         self.max_frames = max_frames
         self.discard_limit = discard_limit
         self.discard_frames = discard_frames
         self.socket_type = socket_type
-        self.peer_types = peer_types
         self._in = bytearray()
         self._out = bytearray(GREETING)
         self._state = "greeting"  # -> "ready" (READY awaited) -> "open" -> "closed"
@@ -291,7 +286,7 @@ class Connection:
             if props is None:
                 return self._close("malformed READY metadata")
             peer = props.get(b"socket-type", b"")
-            if peer not in self.peer_types:
+            if peer not in PEER_TYPES:
                 self._out += error("invalid socket type")
                 return self._close(f"socket type {peer.decode(errors='replace')!r}")
             self._state = "open"

@@ -225,17 +225,14 @@ class HugeReplyPeer(threading.Thread):
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_huge_reply_is_dropped_by_the_socket(kind: str, tmp_path: Path) -> None:
-    """The reply size is bounded where the bytes arrive, not only after a
-    whole oversized message was received: ZeroMQ drops the asyncio client's
-    connection (the call times out), the blocking client's own ZMTP end
-    drops it once the message passes the limit (the call fails at once)."""
+    """The reply size is bounded where the bytes arrive (ZeroMQ drops the
+    connection), not only after a whole oversized message was received."""
     endpoint = f"ipc://{tmp_path}/huge.sock"
     peer = HugeReplyPeer(endpoint)
     peer.start()
     c = client(kind, endpoint)
     try:
-        want = "did not answer Hello" if kind == "async" else "broke the protocol: message over"
-        with pytest.raises(HelperUnavailable, match=want):
+        with pytest.raises(HelperUnavailable, match="did not answer Hello"):
             await call(c, m.Hello(protocol=1), m.HelloReply, timeout=0.5)
     finally:
         c.close()
