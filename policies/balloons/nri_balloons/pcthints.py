@@ -139,17 +139,16 @@ class PlacementHints(PctState):
                 tier_a.append((away, -room, -pfree.bit_count(), pu.package, pu.punit, idx))
         if tier_a:
             tier_a.sort()
-            sets = []
-            for _, neg_room, _, pkg, pun, idx in tier_a:
-                pfree = free & self.punits[idx].cpus
-                log.debug(
-                    "pct: hpReserveCpus tier=A punit=%d/%d room=%d free=%s",
-                    pkg,
-                    pun,
-                    -neg_room,
-                    cpuset.format(pfree),
-                )
-                sets.append(pfree)
+            sets = [free & self.punits[idx].cpus for *_, idx in tier_a]
+            if log.isEnabledFor(logging.DEBUG):  # the CPU sets formatted for debug only
+                for (_, neg_room, _, pkg, pun, _), pfree in zip(tier_a, sets, strict=True):
+                    log.debug(
+                        "pct: hpReserveCpus tier=A punit=%d/%d room=%d free=%s",
+                        pkg,
+                        pun,
+                        -neg_room,
+                        cpuset.format(pfree),
+                    )
             return sets
         per_pkg: dict[int, tuple[int, int]] = {}
         for idx, pu in enumerate(self.punits):
@@ -166,7 +165,7 @@ class PlacementHints(PctState):
             if r >= requested and f.bit_count() >= requested
         )
         if tier_b:
-            for neg_room, _, pkg, f in tier_b:
+            for neg_room, _, pkg, f in tier_b if log.isEnabledFor(logging.DEBUG) else ():
                 log.debug(
                     "pct: hpReserveCpus tier=B pkg=%d room=%d free=%s",
                     pkg,

@@ -253,3 +253,33 @@ def test_leaving_managed_mode_resets_sst(caplog: pytest.LogCaptureFixture) -> No
     assert any(x.startswith("pct: managed mode left; SST reset") for x in caplog.messages)
     assert not any(pu.cp.enabled or pu.tf.enabled for pu in helper.punit_state())
     assert not policy.cpu_classes.pct.active
+
+
+def test_hp_reserve_debug_lines_formatted_only_with_debug(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hpReserveCpus names each candidate punit and its free CPUs at debug
+    level, best first; without debug the CPU sets are not formatted at all
+    (a spy on pcthints' cpuset.format counts the calls)."""
+    import nri_balloons.pcthints as pcthints
+
+    policy, _ = make()
+    free = policy.free & ~policy.reserved
+    calls: list[int] = []
+    real = cpuset.format
+
+    def spy(cpus: int) -> str:
+        calls.append(cpus)
+        return real(cpus)
+
+    monkeypatch.setattr(pcthints.cpuset, "format", spy)
+    caplog.set_level(logging.INFO, logger="cpuclass")
+    quiet = policy.cpu_classes.hints("hp-pct", 2, free, 0)
+    assert calls == []
+    caplog.set_level(logging.DEBUG, logger="cpuclass")
+    loud = policy.cpu_classes.hints("hp-pct", 2, free, 0)
+    assert loud == quiet
+    (sets,) = [s for n, s in loud.prefer if n == "sst-hp-reserve"]
+    lines = [t for t in caplog.messages if t.startswith("pct: hpReserveCpus tier=A")]
+    assert len(lines) == len(sets) > 1
+    assert [line.rsplit(" free=", 1)[1] for line in lines] == [real(s) for s in sets]
