@@ -50,7 +50,7 @@ from nri_framework.topology import Topology, TreeNode
 from nri_balloons.cpuallocator import CpuAllocator, ResizeError
 from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.devices import VirtualDevice
-from nri_balloons.flattree import flat_tree
+from nri_balloons.flattree import FlatTree, flat_tree
 
 log = logging.getLogger("nri_balloons.cputree")
 
@@ -146,6 +146,7 @@ class CpuTreeAllocator:
         self.cpu_allocator = cpu_allocator if cpu_allocator is not None else CpuAllocator(topology)
         self._spread = prefer_spread_on_physical_cores
         self._tree = flat_tree(topology, self._spread)
+        self._reach = _reach(self._tree)
         self._resizers: tuple[Callable[[int, ResizeHints, int, int, int], tuple[int, int]], ...] = (
             self._only_if_necessary,
             self._dynamic_device_hints,
@@ -163,6 +164,7 @@ class CpuTreeAllocator:
     def prefer_spread_on_physical_cores(self, value: bool) -> None:
         self._spread = value
         self._tree = flat_tree(self.topology, value)
+        self._reach = _reach(self._tree)
 
     def __repr__(self) -> str:
         return (
@@ -423,10 +425,16 @@ class CpuTreeAllocator:
           leaves of a node have equal count paths, so the first in name order is
           its best leaf;
         - levels whose nodes all have one child with the same CPUs were dropped
-          when the tree was flattened (see :func:`drop_trivial_levels`)."""
+          when the tree was flattened (see :func:`drop_trivial_levels`);
+        - a subtree that cannot beat the best node so far is skipped whole: its
+          deepest node is shallower than the best, or as deep and its count path
+          already below the best's at this depth (every node of it extends that
+          path; the deeper count paths compare before the free ones). A balloon
+          growing one CPU at a time walks the branch of its CPUs, not the machine."""
         t = self._tree
         sizes, depth, parent, end, rank = t.sizes, t.depth, t.parent, t.end, t.rank
         rel, shift, leaves = t.rel, t.shift, t.leaves
+        reach = self._reach
         n = len(sizes)
         need = delta if delta > 0 else -delta
         inflate = delta > 0
@@ -442,6 +450,7 @@ class CpuTreeAllocator:
         best = -1
         best_depth = -1
         best_key: tuple[Any, Any, int] = ((), (), 0)
+        bpath: list[Any] | None = None  # the best's count path at each depth (built on use)
         i = 0
         while i < n:
             if sizes[i] < need:
@@ -478,11 +487,26 @@ class CpuTreeAllocator:
                 r = rank[i]
             d = depth[i]
             if d > best_depth:
-                best, best_depth, best_key = i, d, (cp, fp, r)
+                best, best_depth, best_key, bpath = i, d, (cp, fp, r), None
             elif d == best_depth:
                 key = (cp, fp, r)
                 if key > best_key:
-                    best, best_key = i, key
+                    best, best_key, bpath = i, key, None
+            elif reach[i] <= best_depth:
+                # no node below can be deeper than the best: skip the subtree
+                # when its count path already loses at this depth
+                if reach[i] < best_depth:
+                    i = end[i]
+                    continue
+                if bpath is None:
+                    bpath = [None] * (best_depth + 1)
+                    x = best_key[0]
+                    for j in range(best_depth, -1, -1):
+                        bpath[j] = x
+                        x = x[0]
+                if cp < bpath[d]:
+                    i = end[i]
+                    continue
             kids = leaves[i]
             if kids:
                 # Single-CPU leaves: they pass only when need == 1, and then all
@@ -497,7 +521,7 @@ class CpuTreeAllocator:
                             else:
                                 key = ((cp, -1), (fp, 0), rank[k])
                             if d + 1 > best_depth or key > best_key:
-                                best, best_depth, best_key = k, d + 1, key
+                                best, best_depth, best_key, bpath = k, d + 1, key, None
                             break
                 i = end[i]
                 continue
@@ -513,6 +537,16 @@ class CpuTreeAllocator:
         self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
     ) -> tuple[int, int]:
         return free, current
+
+
+def _reach(tree: FlatTree) -> tuple[int, ...]:
+    """Node -> the depth of the deepest node of its subtree."""
+    reach = list(tree.depth)
+    for i in range(len(reach) - 1, 0, -1):
+        p = tree.parent[i]
+        if reach[i] > reach[p]:
+            reach[p] = reach[i]
+    return tuple(reach)
 
 
 def _fmt(sets: Sequence[int]) -> str:
