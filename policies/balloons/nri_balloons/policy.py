@@ -20,7 +20,7 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from nri_framework import cpuset
 from nri_framework.journal import StateChanges
@@ -115,7 +115,7 @@ class _Placed(Generic[T]):
         self.name = name
 
     def __get__(self, policy: BalloonsPolicy, owner: type | None = None) -> T:
-        return cast(T, getattr(policy.placement, self.name))
+        return getattr(policy.placement, self.name)  # type: ignore[no-any-return]
 
     def __set__(self, policy: BalloonsPolicy, value: T) -> None:
         setattr(policy.placement, self.name, value)
