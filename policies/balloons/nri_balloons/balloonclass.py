@@ -53,16 +53,18 @@ def class_of(handler: CpuClassHandler, bdef: BalloonType) -> str:
 
 def use(handler: CpuClassHandler, bln: Balloon) -> None:
     """The class of each (component) balloon on its CPUs."""
+    debug = log.isEnabledFor(logging.DEBUG)  # the CPU sets formatted for debug only
     for b in bln.walk():
         if b.components or not b.cpus:
             continue
         name = class_of(handler, b.bdef)
-        log.debug(
-            "apply CPU class %s on CPUs %s of %s",
-            quote(name),
-            quote(cpuset.format(b.cpus)),
-            quote(b.name),
-        )
+        if debug:
+            log.debug(
+                "apply CPU class %s on CPUs %s of %s",
+                quote(name),
+                quote(cpuset.format(b.cpus)),
+                quote(b.name),
+            )
         handler.use(b.cpus, name)
 
 
@@ -70,11 +72,12 @@ def forget(handler: CpuClassHandler, cpus: int) -> None:
     """``cpus`` back to the idle class."""
     if not cpus:
         return
-    log.debug(
-        "forget class of cpus %s (idle class %s)",
-        quote(cpuset.format(cpus)),
-        quote(handler.idle_class),
-    )
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "forget class of cpus %s (idle class %s)",
+            quote(cpuset.format(cpus)),
+            quote(handler.idle_class),
+        )
     handler.forget(cpus)
 
 

@@ -107,6 +107,8 @@ class CpuAllocator:
         self._core_of = [0] * size
         for info in topology.cpus.values():
             self._core_of[info.id] = topology.core_masks[info.core]
+        self._core_keys: dict[CpuPriority, dict[int, tuple[int, ...]]] = {p: {} for p in PRIOS}
+        """priority -> core mask -> its priority sort key (at most one per core)"""
         self._packages = tuple(topology.package_masks.items())
         self._clusters = self._discover_clusters() if self.hybrid else ()
         self._cache_groups = self._discover_cache_groups()
@@ -442,7 +444,15 @@ class _Helper:
             if core & self.from_ == core
         ]
         if prefer is not CpuPriority.NONE:
-            cores.sort(key=lambda c: (prios.key(c[1], prefer), c[0]))
+            keys = self.a._core_keys[prefer]  # an idle core's key is its own
+
+            def key(c: tuple[int, int]) -> tuple[tuple[int, ...], int]:
+                got = keys.get(c[1])
+                if got is None:
+                    got = keys[c[1]] = prios.key(c[1], prefer)
+                return (got, c[0])
+
+            cores.sort(key=key)
         for _lowest, core in cores:
             if self.cnt >= core.bit_count():
                 self._take(core)

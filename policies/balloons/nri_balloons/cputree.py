@@ -50,7 +50,7 @@ from nri_framework.topology import Topology, TreeNode
 from nri_balloons.cpuallocator import CpuAllocator, ResizeError
 from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.devices import VirtualDevice
-from nri_balloons.flattree import flat_tree
+from nri_balloons.flattree import FlatTree, flat_tree
 
 log = logging.getLogger("nri_balloons.cputree")
 
@@ -145,6 +145,9 @@ class CpuTreeAllocator:
         self.cpu_allocator = cpu_allocator if cpu_allocator is not None else CpuAllocator(topology)
         self._spread = prefer_spread_on_physical_cores
         self._tree = flat_tree(topology, self._spread)
+        self._reach: dict[int, tuple[int, ...]] = {}
+        """need -> :func:`_reach` for the smallest node size >= need (shared by
+        the needs of one size; the size's own entry under ``-size``)"""
         self._resizers: tuple[Callable[[int, ResizeHints, int, int, int], tuple[int, int]], ...] = (
             self._only_if_necessary,
             self._dynamic_device_hints,
@@ -162,6 +165,7 @@ class CpuTreeAllocator:
     def prefer_spread_on_physical_cores(self, value: bool) -> None:
         self._spread = value
         self._tree = flat_tree(self.topology, value)
+        self._reach = {}
 
     def __repr__(self) -> str:
         return (
@@ -403,6 +407,18 @@ class CpuTreeAllocator:
             free |= single
         return 0, remove_from
 
+    def _reach_for(self, need: int) -> tuple[int, ...]:
+        """:func:`_reach` for nodes that can give or take ``need`` CPUs (one per
+        node size of the tree)."""
+        got = self._reach.get(need)
+        if got is None:
+            size = min((n for n in set(self._tree.sizes) if n >= need), default=need)
+            got = self._reach.get(-size)  # a size's own entry: one tuple per size
+            if got is None:
+                got = self._reach[-size] = _reach(self._tree, size)
+            self._reach[need] = got
+        return got
+
     def _max_local_set(
         self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
     ) -> tuple[int, int]:
@@ -422,12 +438,20 @@ class CpuTreeAllocator:
           leaves of a node have equal count paths, so the first in name order is
           its best leaf;
         - levels whose nodes all have one child with the same CPUs were dropped
-          when the tree was flattened (see :func:`drop_trivial_levels`)."""
+          when the tree was flattened (see :func:`drop_trivial_levels`);
+        - a subtree that cannot beat the best node so far is skipped whole: its
+          deepest node big enough is shallower than the best, or as deep and its
+          count path already below the best's at this depth (every node of it
+          extends that path; the deeper count paths compare before the free
+          ones), or, inflating, it holds no current CPU, its count path equals
+          the best's and its free path is below. A balloon growing one CPU at a
+          time walks the branch of its CPUs, not the machine."""
         t = self._tree
         sizes, depth, parent, end, rank = t.sizes, t.depth, t.parent, t.end, t.rank
         rel, shift, leaves = t.rel, t.shift, t.leaves
         n = len(sizes)
         need = delta if delta > 0 else -delta
+        reach = self._reach_for(need)
         inflate = delta > 0
         sign = 1 if self.topology_balancing else -1
         # Per visited node: count paths, and its free/current CPUs shifted down by
@@ -441,6 +465,9 @@ class CpuTreeAllocator:
         best = -1
         best_depth = -1
         best_key: tuple[Any, Any, int] = ((), (), 0)
+        # the best's count and free paths at each depth (built on use)
+        bpath: list[Any] | None = None
+        bfpath: list[Any] = []
         i = 0
         while i < n:
             if sizes[i] < need:
@@ -477,11 +504,27 @@ class CpuTreeAllocator:
                 r = rank[i]
             d = depth[i]
             if d > best_depth:
-                best, best_depth, best_key = i, d, (cp, fp, r)
+                best, best_depth, best_key, bpath = i, d, (cp, fp, r), None
             elif d == best_depth:
                 key = (cp, fp, r)
                 if key > best_key:
-                    best, best_key = i, key
+                    best, best_key, bpath = i, key, None
+            elif reach[i] <= best_depth:
+                # no node below that passes can be deeper than the best: skip the
+                # subtree when its paths already lose at this depth
+                if reach[i] < best_depth:
+                    i = end[i]
+                    continue
+                if bpath is None:
+                    bpath, bfpath = _prefixes(best_key, best_depth)
+                if cp < bpath[d]:
+                    i = end[i]
+                    continue
+                # an inflate's node without current CPUs: no count path below
+                # exceeds the best's, and an equal one loses on the free path
+                if inflate and not c and fp < bfpath[d] and cp == bpath[d]:
+                    i = end[i]
+                    continue
             kids = leaves[i]
             if kids:
                 # Single-CPU leaves: they pass only when need == 1, and then all
@@ -496,7 +539,7 @@ class CpuTreeAllocator:
                             else:
                                 key = ((cp, -1), (fp, 0), rank[k])
                             if d + 1 > best_depth or key > best_key:
-                                best, best_depth, best_key = k, d + 1, key
+                                best, best_depth, best_key, bpath = k, d + 1, key, None
                             break
                 i = end[i]
                 continue
@@ -512,6 +555,28 @@ class CpuTreeAllocator:
         self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
     ) -> tuple[int, int]:
         return free, current
+
+
+def _reach(tree: FlatTree, size: int) -> tuple[int, ...]:
+    """Node -> the depth of the deepest node of its subtree holding ``size`` CPUs
+    or more (-1: none)."""
+    reach = [d if n >= size else -1 for d, n in zip(tree.depth, tree.sizes, strict=True)]
+    for i in range(len(reach) - 1, 0, -1):
+        p = tree.parent[i]
+        if reach[i] > reach[p]:
+            reach[p] = reach[i]
+    return tuple(reach)
+
+
+def _prefixes(key: tuple[Any, Any, int], depth: int) -> tuple[list[Any], list[Any]]:
+    """The count and free paths of ``key`` (a node at ``depth``) cut at each depth."""
+    cpath: list[Any] = [None] * (depth + 1)
+    fpath: list[Any] = [None] * (depth + 1)
+    c, f = key[0], key[1]
+    for j in range(depth, -1, -1):
+        cpath[j], fpath[j] = c, f
+        c, f = c[0], f[0]
+    return cpath, fpath
 
 
 def _fmt(sets: Sequence[int]) -> str:

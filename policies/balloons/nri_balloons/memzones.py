@@ -34,6 +34,7 @@ The allocations are saved with the balloons (:class:`MemoryAllocation`,
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 from collections.abc import Iterable
@@ -108,7 +109,11 @@ class Priority(enum.IntEnum):
 
 def format_types(types: Iterable[MemoryType]) -> str:
     """Types in libmem's order, comma-separated (``DRAM,HBM``)."""
-    kept = set(types)
+    return _format_types(types if isinstance(types, frozenset) else frozenset(types))
+
+
+@functools.lru_cache(maxsize=16)  # a few type sets, each formatted per allocation
+def _format_types(kept: frozenset[MemoryType]) -> str:
     return ",".join(t.value for t in ORDER if t in kept)
 
 

@@ -19,7 +19,7 @@ import logging
 import math
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from nri_framework import cpuset
@@ -64,12 +64,48 @@ __all__ = ["BalloonsError", "BalloonsPolicy"]
 
 PRIORITY_ORDER = ("high", "normal", "low", "none")
 
+NAMESPACE_MATCHES = 4096
+"""At most this many (type, namespace) answers of the types' ``namespaces`` kept."""
+
 PodDevices = Callable[[str, str, str], Sequence[AssignedDevice] | None]
 """(namespace, pod, container) -> the container's assigned devices (None: unknown)"""
 
 
 class NotApplicable(Exception):
     """A fill method has no candidate."""
+
+
+class _Fill:
+    """One container's walk of its type's fill chain: the type's instances and
+    the CPUs it may take, computed once for every method that reads them (the
+    new-balloon method changes them: it computes them again)."""
+
+    __slots__ = ("_available", "_instances", "bdef", "policy")
+
+    def __init__(self, policy: BalloonsPolicy, bdef: BalloonType) -> None:
+        self.policy = policy
+        self.bdef = bdef
+        self._instances: list[Balloon] | None = None
+        self._available: int | None = None
+
+    @property
+    def instances(self) -> list[Balloon]:
+        if self._instances is None:
+            self._instances = self.policy.instances(self.bdef)
+        return self._instances
+
+    @property
+    def available(self) -> int:
+        if self._available is None:
+            self._available = self.policy.available(self.bdef)
+        return self._available
+
+    def new(self, member: Member) -> Balloon:
+        self._instances = self._available = None
+        try:
+            return self.policy._fill_new(self.bdef, member.request, member)
+        finally:
+            self._instances = self._available = None
 
 
 class _Placed(Generic[T]):
@@ -79,7 +115,7 @@ class _Placed(Generic[T]):
         self.name = name
 
     def __get__(self, policy: BalloonsPolicy, owner: type | None = None) -> T:
-        return cast(T, getattr(policy.placement, self.name))
+        return getattr(policy.placement, self.name)  # type: ignore[no-any-return]
 
     def __set__(self, policy: BalloonsPolicy, value: T) -> None:
         setattr(policy.placement, self.name, value)
@@ -134,6 +170,8 @@ class BalloonsPolicy:
         """container id -> memory nodes the last pinning allocated to it"""
         self._touched: set[str] = set()
         """containers allocated or released since the last pinning"""
+        self._namespace_matches: dict[tuple[str, str], bool] = {}
+        """(type name, namespace) -> whether the type's ``namespaces`` match it"""
 
     def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
         """CPU priorities found after start (a late SST helper): the allocations
@@ -153,6 +191,7 @@ class BalloonsPolicy:
         self.placement = Placement.for_config(
             self.topology, self.host_root, prepared, self.priorities
         )
+        self._namespace_matches.clear()
         self.memory = MemoryPlacer(self.topology)  # upstream: a new libmem allocator
         self._configure_classes(prepared.spec, strict=True, wait=wait)
         for prio in PRIORITY_ORDER:
@@ -227,6 +266,7 @@ class BalloonsPolicy:
         every balloon; CPUs and containers stay."""
         self.config = prepared
         self.types = {t.name: t for t in prepared.balloon_types}
+        self._namespace_matches.clear()
         for top in self.balloons:
             for bln in top.walk():
                 bln.bdef = self.types[bln.bdef.name]
@@ -284,12 +324,15 @@ class BalloonsPolicy:
                 raise BalloonsError(f"no balloon for annotation {quote(name)}")
             log.debug("- annotation %r found, using balloon type %r", ann.BALLOON, name)
             return self.types[name]
-        subject = Subject(container, pod)
+        subject: Subject | None = None
         for bdef in self.config.balloon_types:
-            for expr in bdef.match_expressions:
-                if expr.evaluate_subject(subject):
-                    return bdef
-            if any(glob_match(ns, pod.namespace) for ns in bdef.namespaces):
+            if bdef.match_expressions:
+                if subject is None:
+                    subject = Subject(container, pod)
+                for expr in bdef.match_expressions:
+                    if expr.evaluate_subject(subject):
+                        return bdef
+            if bdef.namespaces and self._in_namespaces(bdef, pod.namespace):
                 log.debug(
                     "- namespace %r matches namespaces of balloon type %r", pod.namespace, bdef.name
                 )
@@ -297,15 +340,29 @@ class BalloonsPolicy:
         log.debug("- no match found, using default balloon type %r", self.config.default_type.name)
         return self.config.default_type
 
+    def _in_namespaces(self, bdef: BalloonType, namespace: str) -> bool:
+        """``namespace`` matches one of the type's ``namespaces`` (remembered per
+        type name and namespace until the types change, at most
+        :data:`NAMESPACE_MATCHES` answers)."""
+        key = (bdef.name, namespace)
+        got = self._namespace_matches.get(key)
+        if got is None:
+            got = any(glob_match(ns, namespace) for ns in bdef.namespaces)
+            if len(self._namespace_matches) >= NAMESPACE_MATCHES:
+                self._namespace_matches.clear()
+            self._namespace_matches[key] = got
+        return got
+
     # -- choosing the instance (§6) --------------------------------------------------
 
     def instances(self, bdef: BalloonType) -> list[Balloon]:
         return [b for b in self.balloons if b.bdef.name == bdef.name]
 
     def choose_instance(self, bdef: BalloonType, member: Member) -> Balloon:
+        fill = _Fill(self, bdef)
         for method in fill_chain(bdef):
             try:
-                candidates = self._fills[method](bdef, member)
+                candidates = self._fills[method](fill, member)
             except NotApplicable:
                 log.debug("fill method %r not applicable", str(method))
                 continue
@@ -315,17 +372,17 @@ class BalloonsPolicy:
                     str(method),
                     [b.name for b in candidates],
                 )
-                return self._best(method, candidates)
+                return self._best(method, candidates, fill)
             log.debug("fill method %r not applicable", str(method))
         raise BalloonsError(
             f"balloon allocation for container {member.pretty} failed: "
             "no suitable balloon instance available"
         )
 
-    def _best(self, method: FillMethod, candidates: list[Balloon]) -> Balloon:
+    def _best(self, method: FillMethod, candidates: list[Balloon], fill: _Fill) -> Balloon:
         def key(b: Balloon) -> tuple[int, int]:
             if method is FillMethod.BALANCED_INFLATE:
-                free = b.max_free_milli(self.available(b.bdef))
+                free = b.max_free_milli(fill.available)
             else:
                 free = b.free_milli
             return (-free, len(b.members))
@@ -333,38 +390,34 @@ class BalloonsPolicy:
         return min(candidates, key=key)  # min keeps list order among equals
 
     @functools.cached_property
-    def _fills(self) -> dict[FillMethod, Callable[[BalloonType, Member], list[Balloon]]]:
+    def _fills(self) -> dict[FillMethod, Callable[[_Fill, Member], list[Balloon]]]:
         """Fill method -> its candidates for a container (raises :class:`NotApplicable`)."""
         return {
             FillMethod.SAME_GROUP: self._fill_same_group,
-            FillMethod.SAME_POD: lambda bdef, m: self._fill_where(
-                bdef, m, lambda b: m.pod_id in b.members.pods
+            FillMethod.SAME_POD: lambda fill, m: self._fill_where(
+                fill, m, lambda b: m.pod_id in b.members.pods
             ),
-            FillMethod.SAME_NAMESPACE: lambda bdef, m: self._fill_where(
-                bdef, m, lambda b: m.namespace in b.members.namespaces
+            FillMethod.SAME_NAMESPACE: lambda fill, m: self._fill_where(
+                fill, m, lambda b: m.namespace in b.members.namespaces
             ),
-            FillMethod.BALANCED: lambda bdef, m: [
-                b for b in self.instances(bdef) if b.free_milli >= m.request
+            FillMethod.BALANCED: lambda fill, m: [
+                b for b in fill.instances if b.free_milli >= m.request
             ],
-            FillMethod.BALANCED_INFLATE: lambda bdef, m: self._fill_where(bdef, m, bool),
-            FillMethod.NEW_BALLOON: lambda bdef, m: [self._fill_new(bdef, m.request, m)],
+            FillMethod.BALANCED_INFLATE: lambda fill, m: self._fill_where(fill, m, bool),
+            FillMethod.NEW_BALLOON: lambda fill, m: [fill.new(m)],
         }
 
     def _fill_where(
-        self, bdef: BalloonType, member: Member, where: Callable[[Balloon], bool]
+        self, fill: _Fill, member: Member, where: Callable[[Balloon], bool]
     ) -> list[Balloon]:
         """The instances ``where`` holds for that can grow to fit ``member``."""
-        avail = self.available(bdef)
-        return [
-            b
-            for b in self.instances(bdef)
-            if where(b) and b.max_free_milli(avail) >= member.request
-        ]
+        avail = fill.available
+        return [b for b in fill.instances if where(b) and b.max_free_milli(avail) >= member.request]
 
-    def _fill_same_group(self, bdef: BalloonType, member: Member) -> list[Balloon]:
+    def _fill_same_group(self, fill: _Fill, member: Member) -> list[Balloon]:
         if not member.group:
             raise NotApplicable
-        return self._fill_where(bdef, member, lambda b: b.groups[member.group] > 0)
+        return self._fill_where(fill, member, lambda b: b.groups[member.group] > 0)
 
     def _fill_new(self, bdef: BalloonType, req: int, member: Member | None = None) -> Balloon:
         for b in self.instances(bdef):
@@ -893,6 +946,8 @@ class _MemberAnnotations(msgspec.Struct, frozen=True):
 
     @classmethod
     def read(cls, pod: Pod, container_id: str, name: str) -> _MemberAnnotations:
+        if not pod.annotations:  # nothing to look up (the container's own are not sent)
+            return cls(pod=pod, hide=None, memory_preserved=False, memory_type=None)
         ctr = Container(id=container_id, name=name)
         return cls(
             pod=pod,

@@ -493,6 +493,44 @@ def test_max_local_set_matches_upstream_sort(
     assert alloc._max_local_set(5, NO_HINTS, current, free, delta) == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    spec=st.sampled_from(
+        [int5(2, 2, 2, 4, 2), dataclasses.replace(N4C16, name="n4c16-l2x2", cores_per_l2=2)]
+    ),
+    balancing=st.booleans(),
+    spread=st.booleans(),
+    data=st.data(),
+)
+def test_max_local_set_of_a_growing_balloon_matches_upstream_sort(
+    spec: TopologySpec, balancing: bool, spread: bool, data: st.DataObject
+) -> None:
+    """A balloon growing (and now and then shrinking) one CPU at a time beside
+    other balloons, as a Synchronize grows the default balloon: at every step the
+    walk that skips the subtrees that cannot beat the best so far chooses the
+    node upstream's full sort chooses."""
+    topo = topology(spec)
+    ids = cpuset.ids(topo.online)
+    others = cpuset.from_ids(data.draw(st.sets(st.sampled_from(ids), max_size=len(ids) // 2)))
+    free = topo.online & ~others
+    current = 0
+    alloc = CpuTreeAllocator(
+        topo, topology_balancing=balancing, prefer_spread_on_physical_cores=spread
+    )
+    tree = _reference_tree(topo, spread)
+    for step in range(data.draw(st.integers(1, 24))):
+        delta = -1 if current and step % 5 == 4 else 1
+        if delta > 0 and not free:
+            break
+        expected = _reference_max_local_set(tree, current, free, delta, balancing)
+        assert alloc._max_local_set(5, NO_HINTS, current, free, delta) == expected
+        cpus = alloc.resize(current, free, delta)
+        if delta > 0:
+            current, free = current | cpus, free & ~cpus
+        else:
+            current, free = current & ~cpus, free | cpus
+
+
 def test_split_level() -> None:
     """cputree_test.go TestSplitLevel: with preferSpreadOnPhysicalCores the NUMA
     level is split by thread index, so sibling threads land in different classes
