@@ -1,5 +1,5 @@
 import sys
 
-from nri_framework.cli import main
+from nri_framework.launch import main
 
 sys.exit(main())

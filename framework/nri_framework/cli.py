@@ -346,6 +346,9 @@ def run_command(name: str, argv: list[str]) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    running = bool(argv) and argv[0] == "run"
+    if not running:
+        settle_heap()  # the launch paused the collector for the imports (nri_framework.launch)
     if argv and argv[0] == "simulate":
         try:
             from nri_framework.simulate.scenario import main as simulate_main
@@ -365,12 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     ):
         return rc_or_none
     policy: tuple[str, object] | None = None
-    if argv and argv[0] == "run" and (name := policy_name(argv[1:])):
-        try:
-            policy = (name, load_policy(name))
-        except PolicyNotFound as exc:
-            print(f"nri-resource-policy: {exc}", file=sys.stderr)
-            return 2
+    try:
+        if running and (name := policy_name(argv[1:])):
+            try:
+                policy = (name, load_policy(name))
+            except PolicyNotFound as exc:
+                print(f"nri-resource-policy: {exc}", file=sys.stderr)
+                return 2
+    finally:
+        settle_heap()  # the policy's imports too: collections resume (nri_framework.launch)
     try:
         parser = build_parser(
             policy,

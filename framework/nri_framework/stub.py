@@ -40,7 +40,7 @@ from nri_framework.nri.ttrpc import (
 )
 from nri_framework.nri.versions import runtime_nri_version, synchronizes_prelaunched
 from nri_framework.pb import nri_pb2 as pb
-from nri_framework.startup import Pause, nri_socket_obstacle, settle_heap
+from nri_framework.startup import Pause, nri_socket_obstacle, pause_heap, settle_heap
 
 log = logging.getLogger("nri_framework.stub")
 
@@ -423,11 +423,16 @@ class Session:
             # NRI 0.7+: a split Synchronize; every part but the last is answered
             # with more=true and no updates, else the runtime closes us
             return wire(pb.SynchronizeResponse(more=True))
-        pods = [convert.pod_from_pb(p) for p in self.sync_pods]
-        containers = [convert.container_from_pb(c) for c in self.sync_containers]
-        self.sync_pods, self.sync_containers = [], []
-        messages, self.sync_messages = self.sync_messages, 0
-        updates = self.host.synchronize(pods, containers)
+        pause_heap()  # what is converted and decided now lives on (settled below)
+        try:
+            pods = [convert.pod_from_pb(p) for p in self.sync_pods]
+            containers = [convert.container_from_pb(c) for c in self.sync_containers]
+            self.sync_pods, self.sync_containers = [], []
+            messages, self.sync_messages = self.sync_messages, 0
+            updates = self.host.synchronize(pods, containers)
+        except BaseException:
+            settle_heap()
+            raise
         log.info(
             "synchronized %d pod(s), %d container(s), %d update(s)%s",
             len(pods),

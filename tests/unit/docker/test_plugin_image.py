@@ -73,7 +73,7 @@ def run_shipped(tree: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     the dependencies come from this interpreter's site-packages."""
     code = (
         "import sys; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; "
-        "from nri_framework.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from nri_framework.launch import main; sys.exit(main(sys.argv[1:]))"
     )
     site = sysconfig.get_paths()["purelib"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

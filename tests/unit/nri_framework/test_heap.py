@@ -1,4 +1,6 @@
-"""The long-lived heap leaves the garbage collector's walk (``settle_heap``).
+"""The long-lived heap leaves the garbage collector's walk (``settle_heap``), and
+the collector is paused while it is made (``pause_heap``: the launch's imports,
+a Synchronize).
 
 A full collection walks every tracked object; after a Synchronize of 1000
 containers that is a pause of milliseconds on the event loop inside whichever
@@ -10,6 +12,9 @@ fixtures of ``test_stub``).
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+from typing import Any
 
 from nri_framework.pb import nri_pb2 as pb
 
@@ -34,3 +39,64 @@ async def test_synchronize_freezes_what_it_leaves_alive(trunk: Trunk) -> None:  
         assert not any(o is cached for o in gc.get_objects()), "still walked by collections"
     finally:
         gc.unfreeze()
+
+
+async def test_synchronize_pauses_the_collector_while_it_decides(trunk: Trunk) -> None:  # noqa: F811
+    configure = pb.ConfigureRequest(runtime_name="containerd", runtime_version="2.2.1")
+    assert (await trunk.call("Configure", configure.SerializeToString())).code == 0
+    host = trunk.session.host
+    seen: list[bool] = []
+    decide = host.synchronize
+
+    def synchronize(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return decide(*args)
+
+    host.synchronize = synchronize  # type: ignore[method-assign]
+    req = pb.SynchronizeRequest()
+    c = req.containers.add()
+    c.id, c.pod_sandbox_id, c.name = "c0", "p", "n0"
+    assert gc.isenabled()
+    assert (await trunk.call("Synchronize", req.SerializeToString())).code == 0
+    assert seen == [False], "the collector ran while the Synchronize was decided"
+    assert gc.isenabled(), "the collector was not resumed after the Synchronize"
+
+
+#: a fresh interpreter: the collector's state when ``nri_framework.cli`` is
+#: imported by the launch, and after a command ran
+_LAUNCH = """
+import gc, sys
+seen = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("nri_framework.cli", "nri_framework.policies.pinner"):
+            seen.append((name, gc.isenabled()))
+        return None
+sys.meta_path.insert(0, Watch())
+from nri_framework.launch import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:  # --help
+    rc = exc.code
+print("LAUNCH", seen, gc.isenabled(), gc.get_freeze_count() > 0, rc)
+"""
+
+
+def _launch(*argv: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, *argv], capture_output=True, text=True, timeout=60
+    )
+    return next(line for line in out.stdout.splitlines() if line.startswith("LAUNCH "))[7:]
+
+
+def test_the_launch_pauses_the_collector_for_the_imports_and_resumes_it() -> None:
+    # a command that is not run: the collector is back before it runs
+    line = _launch("policies")
+    assert line.startswith("[('nri_framework.cli', False)") and line.endswith("True True 0")
+    # run: the policy's import too is made with the collector paused; a policy
+    # that is not there still resumes it
+    line = _launch("run", "--policy", "pinner", "--help")
+    assert line == (
+        "[('nri_framework.cli', False), ('nri_framework.policies.pinner', False)] True True 0"
+    )
+    assert _launch("run", "--policy", "no-such-policy").endswith("True True 2")
