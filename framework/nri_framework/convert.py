@@ -41,11 +41,6 @@ _MEM_OPT = (
 _STATES = {s.value: s for s in ContainerState}
 
 
-def _opt(msg: Any, name: str) -> Any:
-    """The value of an ``Optional*`` wrapper field, ``None`` when absent."""
-    return getattr(msg, name).value if msg.HasField(name) else None
-
-
 def _wrapped(msg: Any, strings: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fields set in ``msg`` by name: the ``Optional*`` wrappers' values and,
     when not empty, the plain string fields ``strings`` (one ``ListFields``
