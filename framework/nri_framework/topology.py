@@ -21,7 +21,10 @@ Rules (upstream ``pkg/sysfs`` behaviour unless noted):
   and is keyed by the cache ``id``; without an ``id`` the key is the lowest
   CPU of the group. When no CPU reports an L2 cache, each core is its own L2
   group; when none reports an L3, each (package, die) is. Some CPUs with and
-  some without a cache level is an error.
+  some without a cache level is an error. A CPU that an earlier CPU's list of a
+  level names (sysfs says they share that cache) takes that group when it has an
+  index of the level: its own ``type``, ``shared_cpu_list`` and ``id`` there are
+  not read (named by two lists of different keys, it reads its own).
 - Without ``/sys/devices/system/node`` (a kernel with ``CONFIG_NUMA=n``) there
   is one node 0 holding every online CPU.
 - A node with CPUs has DRAM. A node in ``has_memory`` without CPUs (CXL

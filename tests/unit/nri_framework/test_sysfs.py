@@ -6,8 +6,17 @@ import shutil
 from pathlib import Path
 
 import pytest
+from nri_framework import sysfs
 from nri_framework.simulate.sysfs import write_topology
-from nri_framework.simulate.topologies import CpuFreqSpec, TopologySpec
+from nri_framework.simulate.topologies import (
+    HYBRID12,
+    N4C16,
+    N6_HBM_CXL,
+    S8C4K,
+    XEON_6776P,
+    CpuFreqSpec,
+    TopologySpec,
+)
 from nri_framework.topology import Topology, TopologyError
 
 CPU = "sys/devices/system/cpu"
@@ -159,3 +168,69 @@ def test_energy_performance_preference(tmp_path: Path) -> None:
     _expect(root, rel, "invalid energy performance preference")
     shutil.rmtree(root / f"{CPU}/cpu1/cpufreq")
     assert Topology.from_sysfs(root).cpus[1].epp == ""
+
+
+# -- a CPU an earlier cache list names takes that group without its own list ----------
+
+
+def _read_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Discovery as before lists named CPUs: every CPU reads each cache index it has."""
+    monkeypatch.setattr(sysfs._CacheGroups, "take_named", lambda self, cpu: False)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        XEON_6776P,
+        HYBRID12,
+        N4C16,
+        S8C4K,
+        N6_HBM_CXL,
+        TopologySpec(packages=2, dies_per_package=2, cores_per_node=4, cores_per_l2=2),
+        TopologySpec(packages=2, cores_per_node=4, l3_scope="numa", online="0-5,7,9-15"),
+        TopologySpec(packages=1, nodes_per_die=2, cores_per_node=2, numbering="linux"),
+    ],
+    ids=lambda s: s.name if s.name != "custom" else None,
+)
+def test_named_cpus_same_topology(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: TopologySpec
+) -> None:
+    root = write_topology(tmp_path, spec)
+    got = Topology.from_sysfs(root)
+    _read_everything(monkeypatch)
+    want = Topology.from_sysfs(root)
+    assert got.cpus == want.cpus
+    assert got.l2_masks == want.l2_masks and got.l3_masks == want.l3_masks
+
+
+def test_cpu_named_by_two_lists_reads_its_own(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CPU 0's L2 names 0 and 2, CPU 1's names 1 and 2: which is CPU 2's? Its own files
+    # say it has an L2 of its own (id 102), as discovery read it before lists named CPUs.
+    index2 = small / CPU / "cpu{}/cache/index2"
+    for cpu, shared, cache_id in ((0, "0,2", 100), (1, "1-2", 101), (2, "2", 102), (3, "3", 103)):
+        (Path(str(index2).format(cpu)) / "shared_cpu_list").write_text(f"{shared}\n")
+        (Path(str(index2).format(cpu)) / "id").write_text(f"{cache_id}\n")
+    got = Topology.from_sysfs(small)
+    assert got.cpus[2].l2 == 102
+    _read_everything(monkeypatch)
+    assert Topology.from_sysfs(small).cpus == got.cpus
+
+
+def test_named_cpu_files_not_read(small: Path) -> None:
+    # CPU 1 is in CPU 0's L2 list and CPUs 1-3 in its L3 list: sysfs says which cache
+    # they share, so their own lists are not read (an unreadable one goes unnoticed)
+    for cpu in (1, 3):
+        for index in (2, 3):
+            (small / CPU / f"cpu{cpu}/cache/index{index}/shared_cpu_list").write_text("x\n")
+    topology = Topology.from_sysfs(small)
+    assert topology.l2_masks[topology.cpus[1].l2] == 0b11
+    assert topology.cpus[3].l3 == topology.cpus[0].l3
+
+
+def test_file_past_one_read_read_whole(small: Path) -> None:
+    # one read(2) of READ_SIZE is a whole sysfs attribute; a longer file is read to its end
+    meminfo = small / NODE / "node1/meminfo"
+    filler = "".join(f"Node 1 Filler{i}: 0 kB\n" for i in range(sysfs.READ_SIZE // 20))
+    assert len(filler) > sysfs.READ_SIZE
+    meminfo.write_text(filler + "Node 1 MemTotal:       1234567 kB\n")
+    assert Topology.from_sysfs(small).nodes[1].mem_total_kb == 1234567
