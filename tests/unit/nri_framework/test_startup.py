@@ -7,9 +7,16 @@ CONFIG_TIMEOUT per request) while the loop keeps answering ``/livez`` and
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
-from nri_framework.startup import Startup
+import pytest
+from nri_framework import startup
+from nri_framework.startup import Startup, state_dir_obstacle
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -45,3 +52,49 @@ async def test_the_loop_runs_while_the_host_is_made() -> None:
     loop = asyncio.get_running_loop()
     loop.call_later(0.01, answered.set)
     assert await asyncio.wait_for(Startup([]).wait(make), 60) == "host"
+
+
+def test_state_dir_probe_leaves_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert state_dir_obstacle(state) is None
+    assert state.is_dir() and not any(state.iterdir())
+
+
+def test_state_dir_probe_name_taken_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = iter([b"\x00" * 6, b"\x00" * 6, b"\x01" * 6])
+    monkeypatch.setattr(os, "urandom", lambda n: next(names))
+    taken = tmp_path / f".probe-{'00' * 6}"
+    taken.write_text("someone's")
+    assert state_dir_obstacle(tmp_path) is None
+    assert [p.name for p in tmp_path.iterdir()] == [taken.name]  # theirs left alone
+    assert taken.read_text() == "someone's"
+
+
+def test_state_dir_probe_names_all_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "urandom", lambda n: b"\x00" * n)
+    (tmp_path / f".probe-{'00' * 6}").write_text("")
+    obstacle = state_dir_obstacle(tmp_path)
+    assert obstacle is not None
+    assert (
+        obstacle.problem == f"is not usable (no probe name free after {startup.PROBE_TRIES} tries)"
+    )
+
+
+def test_start_imports_no_tempfile() -> None:
+    # the state directory's probe is made without tempfile (its random and shutil): ~4 ms
+    code = textwrap.dedent(
+        """
+        import sys
+        from nri_framework import launch, cli
+        from nri_framework.registry import load_policy
+        policy = ("balloons", load_policy("balloons"))
+        cli.build_parser(policy, commands=False).parse_args(["run", "--policy", "balloons"])
+        print(sorted(m for m in ("tempfile",) if m in sys.modules))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stderr
