@@ -186,12 +186,14 @@ class MemoryPlacer:
                     format_types(balloon_types),
                 )
         affinity = self.topology.closest_nodes(cpus)
-        log.debug(
-            "  - requested %s to memory %s (types %s)",
-            pretty,
-            cpuset.format(affinity),
-            format_types(types),
-        )
+        debug = log.isEnabledFor(logging.DEBUG)
+        if debug:
+            log.debug(
+                "  - requested %s to memory %s (types %s)",
+                pretty,
+                cpuset.format(affinity),
+                format_types(types),
+            )
         try:
             if self.allocator.assigned(container_id) is None:
                 limit, prio = self._sizes.get(container_id, (0, Priority.BURSTABLE))
@@ -223,9 +225,11 @@ class MemoryPlacer:
             if updates:
                 self.moves += 1
             for other, zone in updates.items():
-                log.debug("  - moved %s to memory %s", other, cpuset.format(zone))
+                if debug:
+                    log.debug("  - moved %s to memory %s", other, cpuset.format(zone))
                 self._shown[other] = zone
-            log.debug("  - allocated %s to memory %s", pretty, cpuset.format(nodes))
+            if debug:
+                log.debug("  - allocated %s to memory %s", pretty, cpuset.format(nodes))
         self._last[container_id] = key
         self._shown[container_id] = nodes
         return nodes

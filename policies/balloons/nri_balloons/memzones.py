@@ -70,6 +70,12 @@ MAX_TYPES_TEXT = 64
 an annotation is the pod owner's input, as long as the API server allows."""
 
 
+MEMO_MAX = 4096
+"""The most zones (or affinity and types pairs) an allocator remembers the
+capacity (initial zone) of: zones are node sets, so a node with many memory
+nodes could otherwise have as many as requests ask."""
+
+
 class MemoryPlacementError(ValueError):
     """No memory zone can be found for a request (upstream libmem's error)."""
 
@@ -328,11 +334,24 @@ class MemoryAllocator:
         they change: an allocation looks at zones, not at every request)"""
         self._journal: dict[str, int] | None = None
         """request id -> its zone before the allocation under way changed it"""
+        self._capacity: dict[int, int] = {}
+        """zone -> its capacity, as computed (the nodes' capacities do not
+        change; zones are the few node sets requests have)"""
+        self._initial: dict[tuple[int, frozenset[MemoryType]], tuple[int, frozenset[MemoryType]]]
+        self._initial = {}
+        """(affinity, types) -> :func:`initial_zone` of them (a function of the
+        topology alone), as computed while DEBUG (its lines) is off"""
 
     # -- zones ---------------------------------------------------------------------
 
     def zone_capacity(self, zone: int) -> int:
-        return sum(c for n, c in self.capacity.items() if zone >> n & 1)
+        capacity = self._capacity.get(zone)
+        if capacity is None:
+            if len(self._capacity) >= MEMO_MAX:
+                self._capacity.clear()
+            capacity = sum(c for n, c in self.capacity.items() if zone >> n & 1)
+            self._capacity[zone] = capacity
+        return capacity
 
     def zone_usage(self, zone: int) -> int:
         """The limits of the requests whose zone lies inside ``zone``."""
@@ -405,8 +424,11 @@ class MemoryAllocator:
             )
         types = frozenset(types)
         req = _Request(request_id, name, max(0, limit), affinity, types, priority, 0, 0)
-        log.debug("allocate %s memory for %s", format_types(types), req)
-        req.zone, req.types = initial_zone(self.topology, affinity, types)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("allocate %s memory for %s", format_types(types), req)
+            req.zone, req.types = initial_zone(self.topology, affinity, types)
+        else:
+            req.zone, req.types = self._initial_zone(affinity, types)
         self._created += 1
         req.created = self._created
         zone = req.zone
@@ -419,6 +441,20 @@ class MemoryAllocator:
             self._revert()
             raise
         return req.zone, self._updates(request_id)
+
+    def _initial_zone(
+        self, affinity: int, types: frozenset[MemoryType]
+    ) -> tuple[int, frozenset[MemoryType]]:
+        """:func:`initial_zone`, computed once per affinity and types (it logs
+        only at DEBUG, where it is not memoized)."""
+        key = (affinity, types)
+        zone = self._initial.get(key)
+        if zone is None:
+            zone = initial_zone(self.topology, affinity, types)
+            if len(self._initial) >= MEMO_MAX:
+                self._initial.clear()
+            self._initial[key] = zone
+        return zone
 
     def realloc(
         self, request_id: str, affinity: int, types: Iterable[MemoryType]
@@ -498,7 +534,7 @@ class MemoryAllocator:
         """The requests other than ``own`` the allocation under way moved (in
         the order of :attr:`requests`); ends the journal."""
         journal, self._journal = self._journal or {}, None
-        if not any(rid != own for rid in journal):
+        if len(journal) <= (own in journal):  # no request but ``own`` was moved
             return {}
         return {
             r.id: r.zone

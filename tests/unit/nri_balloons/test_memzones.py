@@ -6,9 +6,12 @@ Realloc keeping a zone, Release, and the saved allocations, on upstream's
 from __future__ import annotations
 
 import logging
+import random
+from typing import Any
 
 import msgspec
 import pytest
+from nri_balloons import memzones
 from nri_balloons.configyaml import load_policy
 from nri_balloons.memplacement import MemoryPlacer
 from nri_balloons.memzones import (
@@ -17,6 +20,7 @@ from nri_balloons.memzones import (
     MemoryPlacementError,
     Priority,
     human_size,
+    initial_zone,
     parse_types,
 )
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
@@ -26,6 +30,7 @@ from nri_framework import cpuset
 from nri_framework.kubelet_cpu import QOSClass
 from nri_framework.model import Container, MemoryResources, Pod, Resources
 from nri_framework.simulate.topologies import N6_HBM_CXL
+from nri_framework.topology import MemoryType
 from topologies import topology
 
 M = 1 << 20
@@ -262,3 +267,74 @@ def test_log_debug_star_debugs_libmem() -> None:
     finally:
         plugin.debug_loggers([])
     assert logging.getLogger("libmem").level == logging.NOTSET
+
+
+class _Unmemoized(MemoryAllocator):
+    """The allocator as it was before capacities and initial zones were
+    memoized: the oracle of the twin test."""
+
+    def zone_capacity(self, zone: int) -> int:
+        return sum(c for n, c in self.capacity.items() if zone >> n & 1)
+
+    def _initial_zone(
+        self, affinity: int, types: frozenset[MemoryType]
+    ) -> tuple[int, frozenset[MemoryType]]:
+        return initial_zone(self.topology, affinity, types)
+
+
+def _step(a: MemoryAllocator, op: tuple[Any, ...]) -> Any:
+    try:
+        if op[0] == "allocate":
+            return a.allocate(*op[1:])
+        if op[0] == "realloc":
+            return a.realloc(*op[1:])
+        return a.release(op[1])
+    except (MemoryPlacementError, KeyError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("debug", [False, True])
+def test_memoized_zones_allocate_as_computed_ones(
+    seed: int, debug: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Random allocations, reallocations and releases (limits that spill and
+    fail, every affinity and type set) give the same zones, moves, errors,
+    exports and log lines with the memoized capacities and initial zones as
+    with the computed ones."""
+    rng = random.Random(seed)
+    kinds = [frozenset(), HBM, parse_types("dram"), parse_types("pmem"), parse_types("hbm,pmem")]
+    ours, oracle = allocator(), _Unmemoized(topology(N6_HBM_CXL))
+    level = logging.DEBUG if debug else logging.INFO
+    for _ in range(150):
+        cid = f"c{rng.randrange(25)}"
+        affinity = rng.randrange(1, 64)
+        types = rng.choice(kinds)
+        op: tuple[Any, ...]
+        if cid not in ours.requests:
+            limit = rng.choice([0, 0, 100 * M, 700 * M, 1500 * M, 5000 * M])
+            prio = rng.choice([BURSTABLE, GUARANTEED])
+            op = ("allocate", cid, cid, limit, affinity, types, prio)
+        elif rng.random() < 0.5:
+            op = ("realloc", cid, affinity, types)
+        else:
+            op = ("release", cid)
+        outs, lines = [], []
+        for a in (ours, oracle):
+            caplog.clear()
+            with caplog.at_level(level, logger="libmem"):
+                outs.append(_step(a, op))
+            lines.append([r.getMessage() for r in caplog.records])
+        assert outs[0] == outs[1], op
+        assert lines[0] == lines[1], op
+        assert ours.export() == oracle.export()
+
+
+def test_the_memoized_zones_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memzones, "MEMO_MAX", 4)
+    a = allocator()
+    for z in range(1, 64):
+        assert a.zone_capacity(z) == _Unmemoized.zone_capacity(a, z)
+        a.allocate(f"c{z}", "", 0, z, (), BURSTABLE)
+    assert 0 < len(a._capacity) <= 4
+    assert 0 < len(a._initial) <= 4
