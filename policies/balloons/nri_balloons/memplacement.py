@@ -79,6 +79,11 @@ def memory_limit(container: Container) -> int:
     return mem.limit if mem is not None and mem.limit and mem.limit > 0 else 0
 
 
+AFFINITIES_MAX = 1024
+"""The most CPU sets a placer remembers the nodes of (balloons' CPUs: each
+resize makes a new set)."""
+
+
 class MemoryRequest(msgspec.Struct, frozen=True):
     """The nodes chosen for one request and the requested types the node lacks."""
 
@@ -111,6 +116,8 @@ class MemoryPlacer:
         """container id -> the nodes it was last given (an overcommit moves it)"""
         self._sizes: dict[str, tuple[int, Priority]] = {}
         """container id -> (memory limit, priority) of a container not allocated yet"""
+        self._affinity: dict[int, int] = {}
+        """CPUs -> the nodes holding them (the balloons' CPU sets, as asked)"""
         self.moves = 0
         """allocations that moved other containers so far (a pinning computed
         before one is stale)"""
@@ -185,7 +192,12 @@ class MemoryPlacer:
                     format_types(types),
                     format_types(balloon_types),
                 )
-        affinity = self.topology.closest_nodes(cpus)
+        affinity = self._affinity.get(cpus)
+        if affinity is None:
+            affinity = self.topology.closest_nodes(cpus)
+            if len(self._affinity) >= AFFINITIES_MAX:
+                self._affinity.clear()
+            self._affinity[cpus] = affinity
         debug = log.isEnabledFor(logging.DEBUG)
         if debug:
             log.debug(

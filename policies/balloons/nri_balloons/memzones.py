@@ -106,11 +106,14 @@ class Priority(enum.IntEnum):
     @classmethod
     def of(cls, qos: QOSClass) -> Priority:
         """libmem ``WithQosClass``."""
-        return {
-            QOSClass.BEST_EFFORT: cls.BEST_EFFORT,
-            QOSClass.BURSTABLE: cls.BURSTABLE,
-            QOSClass.GUARANTEED: cls.GUARANTEED,
-        }[qos]
+        return _QOS_PRIORITY[qos]
+
+
+_QOS_PRIORITY = {
+    QOSClass.BEST_EFFORT: Priority.BEST_EFFORT,
+    QOSClass.BURSTABLE: Priority.BURSTABLE,
+    QOSClass.GUARANTEED: Priority.GUARANTEED,
+}
 
 
 def format_types(types: Iterable[MemoryType]) -> str:
@@ -321,6 +324,8 @@ class MemoryAllocator:
         }
         """node id -> bytes (``MemTotal``)"""
         self.nodes = cpuset.from_ids(self.capacity)
+        self._known_nodes = cpuset.from_ids(self.topology.nodes)
+        """every node of the topology (memory or not)"""
         self.requests: dict[str, _Request] = {}
         self._created = 0
         self._exported: dict[str, MemoryAllocation] = {}
@@ -418,7 +423,7 @@ class MemoryAllocator:
         changes then."""
         if request_id in self.requests:
             raise MemoryPlacementError("libmem: allocation already exists")
-        if affinity & ~cpuset.from_ids(self.topology.nodes):
+        if affinity & ~self._known_nodes:
             raise MemoryPlacementError(
                 f"libmem: invalid node: unknown nodes requested ({cpuset.format(affinity)})"
             )
@@ -547,12 +552,14 @@ class MemoryAllocator:
         usage exceeds their capacity (most users first, subzones first, larger
         first) and by how much."""
         spill: dict[int, int] = {}
-        users = {z: use[0] for z, use in self._in_use.items()}
-        for z in users:
+        for z in self._in_use:
             if not nodes or z & nodes:
                 free = self.zone_free(z)
                 if free < 0:
                     spill[z] = -free
+        if not spill:
+            return [], spill
+        users = {z: use[0] for z, use in self._in_use.items()}
         # libmem ZonesByUsersSubzonesFirst: a total order is enough for its use
         zones = sorted(spill, key=lambda z: (-users[z], z.bit_count(), -z))
         return zones, spill
