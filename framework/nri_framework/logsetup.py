@@ -43,29 +43,6 @@ class SecondFormatter(logging.Formatter):
             return self._stamp
         return self.default_msec_format % (self._stamp, record.msecs)
 
-    def format(self, record: logging.LogRecord) -> str:
-        return self.format_with(record, record.getMessage())
-
-    def format_with(self, record: logging.LogRecord, message: str) -> str:
-        """``logging.Formatter.format`` with the record's message given (the
-        text of its arguments when it was logged: :class:`TurnHandler` formats
-        the rest of the line later)."""
-        record.message = message
-        if self.usesTime():
-            record.asctime = self.formatTime(record, self.datefmt)
-        s = self.formatMessage(record)
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            if s[-1:] != "\n":
-                s = s + "\n"
-            s = s + record.exc_text
-        if record.stack_info:
-            if s[-1:] != "\n":
-                s = s + "\n"
-            s = s + self.formatStack(record.stack_info)
-        return s
-
 
 #: lines held at most before they are written (a turn that logs more writes
 #: every this many)
@@ -74,37 +51,30 @@ TURN_LINES = 256
 
 class TurnHandler(logging.StreamHandler[TextIO]):
     """``logging.StreamHandler`` that writes the lines of one event-loop turn
-    at once, after the turn (and the reply it was for): a record below WARNING
-    has its message made when it is logged (its arguments as they are then)
-    and is held until the loop's next turn (``call_soon``), or until
-    :data:`TURN_LINES` are held; the rest of its line (time, level, name) is
-    formatted when it is written (with a :class:`SecondFormatter`; another
-    formatter formats the whole line at once). A WARNING or above writes what
-    is held and itself at once. Outside a running loop (another thread,
-    before or after the loop) every record is written at once. :meth:`flush`
-    writes what is held: ``logging.shutdown`` calls it at exit, and so does a
-    crash path that flushes its handlers."""
+    at once: a record below WARNING is formatted when it is logged (its
+    arguments as they are then) and held until the loop's next turn
+    (``call_soon``), or until :data:`TURN_LINES` are held; a WARNING or above
+    writes what is held and itself at once. Outside a running loop (another
+    thread, before or after the loop) every record is written at once.
+    :meth:`flush` writes what is held: ``logging.shutdown`` calls it at exit,
+    and so does a crash path that flushes its handlers."""
 
     def __init__(self, stream: TextIO, limit: int = TURN_LINES) -> None:
         super().__init__(stream)
         self.limit = limit
-        self._held: list[str | tuple[SecondFormatter, logging.LogRecord, str]] = []
-        """lines, or the records with their messages to format into lines"""
+        self._held: list[str] = []
         self._pending: asyncio.AbstractEventLoop | None = None
         """the loop a write is scheduled on (a closed loop drops it: a new loop
         schedules its own)"""
 
     def emit(self, record: logging.LogRecord) -> None:
-        held = self._held
-        fmt = self.formatter
         try:
-            if isinstance(fmt, SecondFormatter) and record.levelno < logging.WARNING:
-                held.append((fmt, record, record.getMessage()))
-            else:
-                held.append(self.format(record) + self.terminator)
+            line = self.format(record) + self.terminator
         except Exception:
             self.handleError(record)
             return
+        held = self._held
+        held.append(line)
         if record.levelno >= logging.WARNING or len(held) >= self.limit:
             self.flush()
             return
@@ -125,22 +95,13 @@ class TurnHandler(logging.StreamHandler[TextIO]):
         self.acquire()
         try:
             if self._held:
-                held, self._held = self._held, []
-                self.stream.write("".join([self._line(item) for item in held]))
+                text = "".join(self._held)
+                self._held.clear()
+                self.stream.write(text)
             if self.stream and hasattr(self.stream, "flush"):
                 self.stream.flush()
         finally:
             self.release()
-
-    def _line(self, item: str | tuple[SecondFormatter, logging.LogRecord, str]) -> str:
-        if isinstance(item, str):
-            return item
-        fmt, record, message = item
-        try:
-            return fmt.format_with(record, message) + self.terminator
-        except Exception:
-            self.handleError(record)
-            return ""
 
 
 def setup(level: str = "info", debug: list[str] | None = None) -> None:

@@ -113,7 +113,7 @@ def _turn_logger(
 ) -> tuple[logging.Logger, _Writes]:
     out = _Writes()
     handler = logsetup.TurnHandler(out, limit)
-    handler.setFormatter(logsetup.SecondFormatter("%(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     logger = logging.getLogger("nri_test.turn")
     monkeypatch.setattr(logger, "handlers", [handler])
     monkeypatch.setattr(logger, "propagate", False)
@@ -240,43 +240,3 @@ def test_a_process_that_dies_of_an_exception_mid_turn_writes_its_held_lines() ->
     assert "RuntimeError: boom" in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if " INFO policy: assigning container" in ln]
     assert [ln.rsplit(" ", 1)[1] for ln in lines] == [f"c{i}" for i in range(50)]
-
-
-def test_a_held_line_has_its_arguments_as_they_were_when_logged(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    log, out = _turn_logger(monkeypatch)
-    members = ["a"]
-
-    async def turn() -> None:
-        log.info("balloon %s", members)
-        members.append("b")  # the balloon changes before the turn ends
-        await asyncio.sleep(0)
-
-    asyncio.run(turn())
-    assert out.getvalue() == "INFO balloon ['a']\n"
-
-
-def test_held_lines_are_logging_formatters_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Formatted after the turn, a line is the text logging.Formatter makes of
-    the record when it is logged, with a traceback or a stack too."""
-    log, out = _turn_logger(monkeypatch)
-    handler = log.handlers[0]
-    handler.setFormatter(logsetup.SecondFormatter(logsetup.FORMAT))
-    theirs = logging.Formatter(logsetup.FORMAT)
-    expected: list[str] = []
-    handler.addFilter(lambda r: expected.append(theirs.format(r) + "\n") or True)
-
-    async def turn() -> None:
-        log.info("assigning container %s to balloon %s", "ns/p/c", "default[0]")
-        try:
-            raise ValueError("boom")
-        except ValueError:
-            log.info("with a traceback", exc_info=True)
-        log.debug("with a stack", stack_info=True)
-        assert out.getvalue() == ""
-        await asyncio.sleep(0)
-
-    asyncio.run(turn())
-    assert len(expected) == 3
-    assert out.getvalue() == "".join(expected)
