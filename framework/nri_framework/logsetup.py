@@ -5,8 +5,9 @@ a Synchronize of 1000 emits 1000 records: the formatter strftimes each second
 once (``SecondFormatter``), and the record attributes that ``FORMAT`` does not
 use (the caller's file and line, thread, process) are not gathered per record
 (the logging HOWTO's "Optimization" switches). The handler (``TurnHandler``)
-writes the lines below WARNING once per event-loop turn, after the reply the
-turn was for, instead of a write and a flush per record.
+writes the lines below WARNING once per event-loop turn, instead of a write
+and a flush per record; the NRI stub writes them (:func:`write_held`) before
+the replies they led to, so a reply is never seen before its lines.
 """
 
 from __future__ import annotations
@@ -104,9 +105,22 @@ class TurnHandler(logging.StreamHandler[TextIO]):
             self.release()
 
 
+_installed: TurnHandler | None = None
+"""the handler :func:`setup` installed"""
+
+
+def write_held() -> None:
+    """Write the lines :func:`setup`'s handler holds (before a reply is sent:
+    whoever sees the reply may look for its lines)."""
+    handler = _installed
+    if handler is not None and handler._held:
+        handler.flush()
+
+
 def setup(level: str = "info", debug: list[str] | None = None) -> None:
     """Log to stderr at ``level``; loggers named in ``debug`` log at DEBUG."""
-    handler = TurnHandler(sys.stderr)
+    global _installed
+    handler = _installed = TurnHandler(sys.stderr)
     handler.setFormatter(SecondFormatter(FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]

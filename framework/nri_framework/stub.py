@@ -20,7 +20,7 @@ import msgspec
 from google.protobuf.message import DecodeError, Message
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
-from nri_framework import convert
+from nri_framework import convert, logsetup
 from nri_framework.hookspecs import PolicyError
 from nri_framework.host import PolicyHost
 from nri_framework.instrumentation import RequestLatency
@@ -232,6 +232,7 @@ class Session:
     def flush(self) -> None:
         data = self.conn.data_to_send()
         if data and not self.writer.is_closing():
+            logsetup.write_held()  # the lines of a decision before its reply
             self.writer.write(data)
 
     async def call(

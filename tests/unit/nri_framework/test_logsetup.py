@@ -240,3 +240,28 @@ def test_a_process_that_dies_of_an_exception_mid_turn_writes_its_held_lines() ->
     assert "RuntimeError: boom" in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if " INFO policy: assigning container" in ln]
     assert [ln.rsplit(" ", 1)[1] for ln in lines] == [f"c{i}" for i in range(50)]
+
+
+def test_write_held_writes_what_setups_handler_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the stub calls before it sends replies (a reply is not seen before
+    the lines of its decision: tests/integration's e2e read them right after)."""
+    for name in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing", "_installed"):
+        target = logsetup if name == "_installed" else logging
+        monkeypatch.setattr(target, name, getattr(target, name))
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    logsetup.setup("info")
+    seen: list[str] = []
+
+    async def turn() -> None:
+        logging.getLogger("nri_test.logsetup").info("assigning container %s", "a/b/c")
+        seen.append(out.getvalue())
+        logsetup.write_held()
+        seen.append(out.getvalue())
+
+    asyncio.run(turn())
+    assert seen[0] == ""
+    assert seen[1].endswith(" INFO nri_test.logsetup: assigning container a/b/c\n")
