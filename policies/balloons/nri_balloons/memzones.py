@@ -339,6 +339,13 @@ class MemoryAllocator:
         they change: an allocation looks at zones, not at every request)"""
         self._journal: dict[str, int] | None = None
         """request id -> its zone before the allocation under way changed it"""
+        self._usage_version = 0
+        """counts the zones coming into use and the changes of their usage (a
+        request without a limit joining or leaving a zone in use changes
+        neither; a zone going out of use only lowers usage)"""
+        self._fits: tuple[int, int] | None = None
+        """(nodes, usage version) of the last overcommit check of ``nodes`` that
+        found none: the same check at the same version finds none"""
         self._capacity: dict[int, int] = {}
         """zone -> its capacity, as computed (the nodes' capacities do not
         change; zones are the few node sets requests have)"""
@@ -369,11 +376,16 @@ class MemoryAllocator:
         return [r for r in self.requests.values() if r.zone == zone]
 
     def _account(self, r: _Request, sign: int) -> None:
-        use = self._in_use.setdefault(r.zone, [0, 0])
+        use = self._in_use.get(r.zone)
+        if use is None:
+            use = self._in_use[r.zone] = [0, 0]
+            self._usage_version += 1  # a zone in use more
+        elif r.limit:
+            self._usage_version += 1
         use[0] += sign
         use[1] += sign * r.limit
         if not use[0]:
-            del self._in_use[r.zone]
+            del self._in_use[r.zone]  # less in use: no check that found none would find one
 
     def _insert(self, r: _Request) -> None:
         self.requests[r.id] = r
@@ -552,12 +564,15 @@ class MemoryAllocator:
         usage exceeds their capacity (most users first, subzones first, larger
         first) and by how much."""
         spill: dict[int, int] = {}
+        if self._fits == (nodes, self._usage_version):
+            return [], spill
         for z in self._in_use:
             if not nodes or z & nodes:
                 free = self.zone_free(z)
                 if free < 0:
                     spill[z] = -free
         if not spill:
+            self._fits = (nodes, self._usage_version)
             return [], spill
         users = {z: use[0] for z, use in self._in_use.items()}
         # libmem ZonesByUsersSubzonesFirst: a total order is enough for its use
