@@ -116,6 +116,8 @@ class MemoryPlacer:
         """container id -> the nodes it was last given (an overcommit moves it)"""
         self._sizes: dict[str, tuple[int, Priority]] = {}
         """container id -> (memory limit, priority) of a container not allocated yet"""
+        self._present = frozenset(topology.memory_type_masks)
+        """the memory types the node has"""
         self._affinity: dict[int, int] = {}
         """CPUs -> the nodes holding them (the balloons' CPU sets, as asked)"""
         self.moves = 0
@@ -224,7 +226,7 @@ class MemoryPlacer:
             nodes = affinity
         else:
             self._sizes.pop(container_id, None)
-            missing = types - frozenset(self.topology.memory_type_masks)
+            missing = types - self._present
             if missing:
                 log.warning(
                     "container %s: memory type(s) %s not present on this node (it has %s); "
