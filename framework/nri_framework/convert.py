@@ -6,6 +6,7 @@ or the policies imports :mod:`nri_framework.pb`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from nri_framework.model import (
@@ -187,7 +188,35 @@ class ResentPods:
             self.size -= len(known[0])
 
 
-def container_from_pb(c: pb.Container) -> Container:
+#: Distinct resources :func:`synchronize_from_pb` remembers at most (the rest are
+#: converted each): a hostile runtime's many different ones cost no more.
+SYNC_RESOURCES_MAX = 1024
+
+
+def synchronize_from_pb(
+    pods: Iterable[pb.PodSandbox], containers: Iterable[pb.Container]
+) -> tuple[list[Pod], list[Container]]:
+    """A Synchronize's pods and containers in one pass: containers with equal
+    resources (equal serialized bytes: an equal message) share one conversion
+    of them (a :class:`Resources` is frozen), most of a node's containers
+    asking alike (at most :data:`SYNC_RESOURCES_MAX` kept)."""
+    known: dict[bytes, Resources] = {}
+
+    def resources(r: pb.LinuxResources) -> Resources:
+        data: bytes = r.SerializeToString()
+        res = known.get(data)
+        if res is None:
+            res = resources_from_pb(r)
+            if len(known) < SYNC_RESOURCES_MAX:
+                known[data] = res
+        return res
+
+    return [pod_from_pb(p) for p in pods], [container_from_pb(c, resources) for c in containers]
+
+
+def container_from_pb(
+    c: pb.Container, resources: Callable[[pb.LinuxResources], Resources] = resources_from_pb
+) -> Container:
     # an empty map or list is not copied (a new empty one is cheaper)
     linux = c.linux
     has_res = c.HasField("linux") and linux.HasField("resources")
@@ -201,7 +230,7 @@ def container_from_pb(c: pb.Container) -> Container:
         annotations=dict(c.annotations) if c.annotations else {},
         args=list(c.args) if c.args else [],
         env=list(c.env) if c.env else [],
-        resources=resources_from_pb(linux.resources) if has_res else None,
+        resources=resources(linux.resources) if has_res else None,
         cgroups_path=linux.cgroups_path,
         pid=c.pid,
     )

@@ -426,8 +426,7 @@ class Session:
             return wire(pb.SynchronizeResponse(more=True))
         pause_heap()  # what is converted and decided now lives on (settled below)
         try:
-            pods = [convert.pod_from_pb(p) for p in self.sync_pods]
-            containers = [convert.container_from_pb(c) for c in self.sync_containers]
+            pods, containers = convert.synchronize_from_pb(self.sync_pods, self.sync_containers)
             self.sync_pods, self.sync_containers = [], []
             messages, self.sync_messages = self.sync_messages, 0
             updates = self.host.synchronize(pods, containers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from nri_framework import convert
 from nri_framework.model import ContainerState, CpuResources, MemoryResources, Resources
 from nri_framework.pb import nri_pb2 as pb
@@ -175,3 +176,52 @@ def test_resources_from_pb_converts_as_the_listfields_walk() -> None:
         # through the wire too: what the stub converts is a parsed message
         r = pb.LinuxResources.FromString(r.SerializeToString())
         assert convert.resources_from_pb(r) == _listfields_resources(r), r
+
+
+# --- synchronize_from_pb: a Synchronize converted in one pass ------------------
+
+
+def _sync_request(rng: random.Random, n: int) -> pb.SynchronizeRequest:
+    req = pb.SynchronizeRequest()
+    for i in range(n):
+        p = req.pods.add(id=f"p{i}", name=f"p{i}", namespace="ns")
+        p.linux.cgroup_parent = f"/kubepods/burstable/podp{i}"
+        c = req.containers.add(id=f"c{i}", pod_sandbox_id=p.id, name="ctr", state=3)
+        if rng.random() < 0.9:
+            shared = rng.random() < 0.7  # most containers ask alike
+            r = _random_resources(random.Random(1) if shared else rng)
+            c.linux.resources.CopyFrom(r)
+    return pb.SynchronizeRequest.FromString(req.SerializeToString())
+
+
+def test_synchronize_from_pb_converts_as_one_at_a_time() -> None:
+    rng = random.Random(7)
+    req = _sync_request(rng, 300)
+    pods, containers = convert.synchronize_from_pb(req.pods, req.containers)
+    assert pods == [convert.pod_from_pb(p) for p in req.pods]
+    assert containers == [convert.container_from_pb(c) for c in req.containers]
+    shared = [c.resources for c in containers if c.resources == containers[0].resources]
+    assert len(shared) > 100 and all(r is shared[0] for r in shared)  # converted once
+
+
+def test_synchronize_from_pb_remembers_boundedly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime sending many different resources: past SYNC_RESOURCES_MAX
+    distinct ones, a repeated one is converted again (not remembered)."""
+    monkeypatch.setattr(convert, "SYNC_RESOURCES_MAX", 4)
+    calls: list[pb.LinuxResources] = []
+    plain = convert.resources_from_pb
+
+    def counting(r: pb.LinuxResources) -> Resources:
+        calls.append(r)
+        return plain(r)
+
+    monkeypatch.setattr(convert, "resources_from_pb", counting)
+    req = pb.SynchronizeRequest()
+    for k in list(range(10)) * 2:  # 10 distinct, each twice
+        c = req.containers.add(id=f"c{len(req.containers)}")
+        c.linux.resources.cpu.shares.value = 2 + k
+    _, containers = convert.synchronize_from_pb(req.pods, req.containers)
+    assert [c.resources.cpu.shares for c in containers if c.resources and c.resources.cpu] == [
+        2 + k for k in list(range(10)) * 2
+    ]
+    assert len(calls) == 10 + 6  # the first 4 remembered, the other 6 converted again
