@@ -20,7 +20,7 @@ import msgspec
 from google.protobuf.message import DecodeError, Message
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
-from nri_framework import convert
+from nri_framework import convert, logsetup
 from nri_framework.hookspecs import PolicyError
 from nri_framework.host import PolicyHost
 from nri_framework.instrumentation import RequestLatency
@@ -232,6 +232,7 @@ class Session:
     def flush(self) -> None:
         data = self.conn.data_to_send()
         if data and not self.writer.is_closing():
+            logsetup.write_held()  # the lines of a decision before its reply
             self.writer.write(data)
 
     async def call(
@@ -425,8 +426,7 @@ class Session:
             return wire(pb.SynchronizeResponse(more=True))
         pause_heap()  # what is converted and decided now lives on (settled below)
         try:
-            pods = [convert.pod_from_pb(p) for p in self.sync_pods]
-            containers = [convert.container_from_pb(c) for c in self.sync_containers]
+            pods, containers = convert.synchronize_from_pb(self.sync_pods, self.sync_containers)
             self.sync_pods, self.sync_containers = [], []
             messages, self.sync_messages = self.sync_messages, 0
             updates = self.host.synchronize(pods, containers)

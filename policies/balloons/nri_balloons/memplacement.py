@@ -79,6 +79,11 @@ def memory_limit(container: Container) -> int:
     return mem.limit if mem is not None and mem.limit and mem.limit > 0 else 0
 
 
+AFFINITIES_MAX = 1024
+"""The most CPU sets a placer remembers the nodes of (balloons' CPUs: each
+resize makes a new set)."""
+
+
 class MemoryRequest(msgspec.Struct, frozen=True):
     """The nodes chosen for one request and the requested types the node lacks."""
 
@@ -111,6 +116,10 @@ class MemoryPlacer:
         """container id -> the nodes it was last given (an overcommit moves it)"""
         self._sizes: dict[str, tuple[int, Priority]] = {}
         """container id -> (memory limit, priority) of a container not allocated yet"""
+        self._present = frozenset(topology.memory_type_masks)
+        """the memory types the node has"""
+        self._affinity: dict[int, int] = {}
+        """CPUs -> the nodes holding them (the balloons' CPU sets, as asked)"""
         self.moves = 0
         """allocations that moved other containers so far (a pinning computed
         before one is stale)"""
@@ -185,13 +194,20 @@ class MemoryPlacer:
                     format_types(types),
                     format_types(balloon_types),
                 )
-        affinity = self.topology.closest_nodes(cpus)
-        log.debug(
-            "  - requested %s to memory %s (types %s)",
-            pretty,
-            cpuset.format(affinity),
-            format_types(types),
-        )
+        affinity = self._affinity.get(cpus)
+        if affinity is None:
+            affinity = self.topology.closest_nodes(cpus)
+            if len(self._affinity) >= AFFINITIES_MAX:
+                self._affinity.clear()
+            self._affinity[cpus] = affinity
+        debug = log.isEnabledFor(logging.DEBUG)
+        if debug:
+            log.debug(
+                "  - requested %s to memory %s (types %s)",
+                pretty,
+                cpuset.format(affinity),
+                format_types(types),
+            )
         try:
             if self.allocator.assigned(container_id) is None:
                 limit, prio = self._sizes.get(container_id, (0, Priority.BURSTABLE))
@@ -210,7 +226,7 @@ class MemoryPlacer:
             nodes = affinity
         else:
             self._sizes.pop(container_id, None)
-            missing = types - frozenset(self.topology.memory_type_masks)
+            missing = types - self._present
             if missing:
                 log.warning(
                     "container %s: memory type(s) %s not present on this node (it has %s); "
@@ -223,9 +239,11 @@ class MemoryPlacer:
             if updates:
                 self.moves += 1
             for other, zone in updates.items():
-                log.debug("  - moved %s to memory %s", other, cpuset.format(zone))
+                if debug:
+                    log.debug("  - moved %s to memory %s", other, cpuset.format(zone))
                 self._shown[other] = zone
-            log.debug("  - allocated %s to memory %s", pretty, cpuset.format(nodes))
+            if debug:
+                log.debug("  - allocated %s to memory %s", pretty, cpuset.format(nodes))
         self._last[container_id] = key
         self._shown[container_id] = nodes
         return nodes

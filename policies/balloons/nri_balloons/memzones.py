@@ -70,6 +70,12 @@ MAX_TYPES_TEXT = 64
 an annotation is the pod owner's input, as long as the API server allows."""
 
 
+MEMO_MAX = 4096
+"""The most zones (or affinity and types pairs) an allocator remembers the
+capacity (initial zone) of: zones are node sets, so a node with many memory
+nodes could otherwise have as many as requests ask."""
+
+
 class MemoryPlacementError(ValueError):
     """No memory zone can be found for a request (upstream libmem's error)."""
 
@@ -100,11 +106,14 @@ class Priority(enum.IntEnum):
     @classmethod
     def of(cls, qos: QOSClass) -> Priority:
         """libmem ``WithQosClass``."""
-        return {
-            QOSClass.BEST_EFFORT: cls.BEST_EFFORT,
-            QOSClass.BURSTABLE: cls.BURSTABLE,
-            QOSClass.GUARANTEED: cls.GUARANTEED,
-        }[qos]
+        return _QOS_PRIORITY[qos]
+
+
+_QOS_PRIORITY = {
+    QOSClass.BEST_EFFORT: Priority.BEST_EFFORT,
+    QOSClass.BURSTABLE: Priority.BURSTABLE,
+    QOSClass.GUARANTEED: Priority.GUARANTEED,
+}
 
 
 def format_types(types: Iterable[MemoryType]) -> str:
@@ -315,6 +324,8 @@ class MemoryAllocator:
         }
         """node id -> bytes (``MemTotal``)"""
         self.nodes = cpuset.from_ids(self.capacity)
+        self._known_nodes = cpuset.from_ids(self.topology.nodes)
+        """every node of the topology (memory or not)"""
         self.requests: dict[str, _Request] = {}
         self._created = 0
         self._exported: dict[str, MemoryAllocation] = {}
@@ -328,11 +339,31 @@ class MemoryAllocator:
         they change: an allocation looks at zones, not at every request)"""
         self._journal: dict[str, int] | None = None
         """request id -> its zone before the allocation under way changed it"""
+        self._usage_version = 0
+        """counts the zones coming into use and the changes of their usage (a
+        request without a limit joining or leaving a zone in use changes
+        neither; a zone going out of use only lowers usage)"""
+        self._fits: tuple[int, int] | None = None
+        """(nodes, usage version) of the last overcommit check of ``nodes`` that
+        found none: the same check at the same version finds none"""
+        self._capacity: dict[int, int] = {}
+        """zone -> its capacity, as computed (the nodes' capacities do not
+        change; zones are the few node sets requests have)"""
+        self._initial: dict[tuple[int, frozenset[MemoryType]], tuple[int, frozenset[MemoryType]]]
+        self._initial = {}
+        """(affinity, types) -> :func:`initial_zone` of them (a function of the
+        topology alone), as computed while DEBUG (its lines) is off"""
 
     # -- zones ---------------------------------------------------------------------
 
     def zone_capacity(self, zone: int) -> int:
-        return sum(c for n, c in self.capacity.items() if zone >> n & 1)
+        capacity = self._capacity.get(zone)
+        if capacity is None:
+            if len(self._capacity) >= MEMO_MAX:
+                self._capacity.clear()
+            capacity = sum(c for n, c in self.capacity.items() if zone >> n & 1)
+            self._capacity[zone] = capacity
+        return capacity
 
     def zone_usage(self, zone: int) -> int:
         """The limits of the requests whose zone lies inside ``zone``."""
@@ -345,11 +376,16 @@ class MemoryAllocator:
         return [r for r in self.requests.values() if r.zone == zone]
 
     def _account(self, r: _Request, sign: int) -> None:
-        use = self._in_use.setdefault(r.zone, [0, 0])
+        use = self._in_use.get(r.zone)
+        if use is None:
+            use = self._in_use[r.zone] = [0, 0]
+            self._usage_version += 1  # a zone in use more
+        elif r.limit:
+            self._usage_version += 1
         use[0] += sign
         use[1] += sign * r.limit
         if not use[0]:
-            del self._in_use[r.zone]
+            del self._in_use[r.zone]  # less in use: no check that found none would find one
 
     def _insert(self, r: _Request) -> None:
         self.requests[r.id] = r
@@ -399,14 +435,17 @@ class MemoryAllocator:
         changes then."""
         if request_id in self.requests:
             raise MemoryPlacementError("libmem: allocation already exists")
-        if affinity & ~cpuset.from_ids(self.topology.nodes):
+        if affinity & ~self._known_nodes:
             raise MemoryPlacementError(
                 f"libmem: invalid node: unknown nodes requested ({cpuset.format(affinity)})"
             )
         types = frozenset(types)
         req = _Request(request_id, name, max(0, limit), affinity, types, priority, 0, 0)
-        log.debug("allocate %s memory for %s", format_types(types), req)
-        req.zone, req.types = initial_zone(self.topology, affinity, types)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("allocate %s memory for %s", format_types(types), req)
+            req.zone, req.types = initial_zone(self.topology, affinity, types)
+        else:
+            req.zone, req.types = self._initial_zone(affinity, types)
         self._created += 1
         req.created = self._created
         zone = req.zone
@@ -419,6 +458,20 @@ class MemoryAllocator:
             self._revert()
             raise
         return req.zone, self._updates(request_id)
+
+    def _initial_zone(
+        self, affinity: int, types: frozenset[MemoryType]
+    ) -> tuple[int, frozenset[MemoryType]]:
+        """:func:`initial_zone`, computed once per affinity and types (it logs
+        only at DEBUG, where it is not memoized)."""
+        key = (affinity, types)
+        zone = self._initial.get(key)
+        if zone is None:
+            zone = initial_zone(self.topology, affinity, types)
+            if len(self._initial) >= MEMO_MAX:
+                self._initial.clear()
+            self._initial[key] = zone
+        return zone
 
     def realloc(
         self, request_id: str, affinity: int, types: Iterable[MemoryType]
@@ -498,7 +551,7 @@ class MemoryAllocator:
         """The requests other than ``own`` the allocation under way moved (in
         the order of :attr:`requests`); ends the journal."""
         journal, self._journal = self._journal or {}, None
-        if not any(rid != own for rid in journal):
+        if len(journal) <= (own in journal):  # no request but ``own`` was moved
             return {}
         return {
             r.id: r.zone
@@ -511,12 +564,17 @@ class MemoryAllocator:
         usage exceeds their capacity (most users first, subzones first, larger
         first) and by how much."""
         spill: dict[int, int] = {}
-        users = {z: use[0] for z, use in self._in_use.items()}
-        for z in users:
+        if self._fits == (nodes, self._usage_version):
+            return [], spill
+        for z in self._in_use:
             if not nodes or z & nodes:
                 free = self.zone_free(z)
                 if free < 0:
                     spill[z] = -free
+        if not spill:
+            self._fits = (nodes, self._usage_version)
+            return [], spill
+        users = {z: use[0] for z, use in self._in_use.items()}
         # libmem ZonesByUsersSubzonesFirst: a total order is enough for its use
         zones = sorted(spill, key=lambda z: (-users[z], z.bit_count(), -z))
         return zones, spill

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from nri_balloons import annotations as ann
+from nri_balloons import memplacement
 from nri_balloons.configyaml import load_policy
 from nri_balloons.memplacement import MemoryPlacer, parse_types, place
 from nri_balloons.policy import BalloonsPolicy
@@ -215,3 +216,19 @@ def test_memory_types_validation_texts() -> None:
         online_cpus=0xFF,
     )
     assert ok.errors == [] and ok.prepared is not None
+
+
+def test_the_nodes_of_cpu_sets_are_remembered_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each balloon CPU set asked for gets the nodes holding it (debug lines
+    too), and no more than AFFINITIES_MAX sets are remembered."""
+    monkeypatch.setattr(memplacement, "AFFINITIES_MAX", 4)
+    topo = topology(N6_HBM_CXL)
+    placer = MemoryPlacer(topo)
+    for i, cpus in enumerate(list(range(1, 256, 7)) * 2):
+        with_debug = i % 3 == 0
+        with pytest.MonkeyPatch.context() as m:
+            if with_debug:
+                m.setattr(memplacement.log, "level", logging.DEBUG)
+            placer.mems(f"c{i}", f"ns/p/c{i}", cpus, frozenset(), None)
+        assert placer.allocator.requests[f"c{i}"].affinity == topo.closest_nodes(cpus)
+        assert len(placer._affinity) <= 4

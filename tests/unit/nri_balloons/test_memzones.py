@@ -6,9 +6,12 @@ Realloc keeping a zone, Release, and the saved allocations, on upstream's
 from __future__ import annotations
 
 import logging
+import random
+from typing import Any
 
 import msgspec
 import pytest
+from nri_balloons import memzones
 from nri_balloons.configyaml import load_policy
 from nri_balloons.memplacement import MemoryPlacer
 from nri_balloons.memzones import (
@@ -17,6 +20,7 @@ from nri_balloons.memzones import (
     MemoryPlacementError,
     Priority,
     human_size,
+    initial_zone,
     parse_types,
 )
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
@@ -26,6 +30,7 @@ from nri_framework import cpuset
 from nri_framework.kubelet_cpu import QOSClass
 from nri_framework.model import Container, MemoryResources, Pod, Resources
 from nri_framework.simulate.topologies import N6_HBM_CXL
+from nri_framework.topology import MemoryType
 from topologies import topology
 
 M = 1 << 20
@@ -262,3 +267,124 @@ def test_log_debug_star_debugs_libmem() -> None:
     finally:
         plugin.debug_loggers([])
     assert logging.getLogger("libmem").level == logging.NOTSET
+
+
+class _Unmemoized(MemoryAllocator):
+    """The allocator as it was before capacities, initial zones and clean
+    overcommit checks were memoized: the oracle of the twin test."""
+
+    def _overcommit(self, nodes: int) -> tuple[list[int], dict[int, int]]:
+        spill: dict[int, int] = {}
+        users = {z: use[0] for z, use in self._in_use.items()}
+        for z in users:
+            if not nodes or z & nodes:
+                free = self.zone_free(z)
+                if free < 0:
+                    spill[z] = -free
+        zones = sorted(spill, key=lambda z: (-users[z], z.bit_count(), -z))
+        return zones, spill
+
+    def zone_capacity(self, zone: int) -> int:
+        return sum(c for n, c in self.capacity.items() if zone >> n & 1)
+
+    def _initial_zone(
+        self, affinity: int, types: frozenset[MemoryType]
+    ) -> tuple[int, frozenset[MemoryType]]:
+        return initial_zone(self.topology, affinity, types)
+
+
+def _step(a: MemoryAllocator, op: tuple[Any, ...]) -> Any:
+    try:
+        if op[0] == "allocate":
+            return a.allocate(*op[1:])
+        if op[0] == "realloc":
+            return a.realloc(*op[1:])
+        if op[0] == "restore":
+            return a.restore(*op[1:])
+        return a.release(op[1])
+    except (MemoryPlacementError, KeyError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("debug", [False, True])
+def test_memoized_zones_allocate_as_computed_ones(
+    seed: int, debug: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Random allocations, reallocations and releases (limits that spill and
+    fail, every affinity and type set) give the same zones, moves, errors,
+    exports and log lines with the memoized capacities and initial zones as
+    with the computed ones."""
+    rng = random.Random(seed)
+    kinds = [frozenset(), HBM, parse_types("dram"), parse_types("pmem"), parse_types("hbm,pmem")]
+    ours, oracle = allocator(), _Unmemoized(topology(N6_HBM_CXL))
+    level = logging.DEBUG if debug else logging.INFO
+    for _ in range(200):
+        cid = f"c{rng.randrange(25)}"
+        affinity = rng.randrange(1, 64)
+        types = rng.choice(kinds)
+        op: tuple[Any, ...]
+        if rng.random() < 0.03:
+            # restored allocations are taken as saved: they may overcommit
+            saved = [msgspec.structs.replace(m, id=m.id + "r") for m in ours.export()]
+            alive = {m.id for m in saved if rng.random() < 0.5}
+            op = ("restore", saved, alive)
+        elif cid not in ours.requests:
+            limit = rng.choice([0, 0, 0, 0, 100 * M, 700 * M, 1500 * M, 5000 * M])
+            prio = rng.choice([BURSTABLE, GUARANTEED])
+            op = ("allocate", cid, cid, limit, affinity, types, prio)
+        elif rng.random() < 0.5:
+            op = ("realloc", cid, affinity, types)
+        else:
+            op = ("release", cid)
+        outs, lines = [], []
+        for a in (ours, oracle):
+            caplog.clear()
+            with caplog.at_level(level, logger="libmem"):
+                outs.append(_step(a, op))
+            lines.append([r.getMessage() for r in caplog.records])
+        assert outs[0] == outs[1], op
+        assert lines[0] == lines[1], op
+        assert ours.export() == oracle.export()
+
+
+def test_the_memoized_zones_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memzones, "MEMO_MAX", 4)
+    a = allocator()
+    for z in range(1, 64):
+        assert a.zone_capacity(z) == _Unmemoized.zone_capacity(a, z)
+        a.allocate(f"c{z}", "", 0, z, (), BURSTABLE)
+    assert 0 < len(a._capacity) <= 4
+    assert 0 < len(a._initial) <= 4
+
+
+def test_a_limit_joining_a_zone_checked_clean_is_checked_again() -> None:
+    """Synchronize's 1000 containers without a limit share a zone and skip its
+    overcommit check after the first; a container with a limit joining that
+    zone is checked (and spills) as without the skip."""
+    ours, oracle = allocator(), _Unmemoized(topology(N6_HBM_CXL))
+    for a in (ours, oracle):
+        for i in range(20):
+            assert a.allocate(f"c{i}", "", 0, NODE0, HBM, BURSTABLE) == (0b100, {})
+    got = ours.allocate("big", "ns/p/big", 1500 * M, NODE0, HBM, BURSTABLE)
+    assert got == oracle.allocate("big", "ns/p/big", 1500 * M, NODE0, HBM, BURSTABLE)
+    assert zone(ours, "big") == "2-3"
+    assert ours.export() == oracle.export()
+
+
+def test_a_zone_coming_into_use_is_checked_again() -> None:
+    """A restored allocation without a limit brings zone 0-2 into use, over
+    its capacity by what its subzones 0-1 and 1-2 hold: the next allocation on
+    nodes 0-1, checked clean before, resolves it as without the skip."""
+    G = 1024 * M
+    ours, oracle = allocator(), _Unmemoized(topology(N6_HBM_CXL))
+    for a in (ours, oracle):
+        assert a.allocate("a", "", 3 * G + G // 2, 0b11, (), BURSTABLE)[0] == 0b11
+        assert a.allocate("b", "", 2 * G + G // 2, 0b110, (), BURSTABLE)[0] == 0b110
+        assert a.allocate("x", "", 0, 0b11, (), BURSTABLE)[0] == 0b11
+        w = MemoryAllocation(id="w", affinity="0-2", types="DRAM,HBM", zone="0-2", created=9)
+        assert a.restore([w], {"w"}) == []
+    got = ours.allocate("y", "", 0, 0b11, (), BURSTABLE)
+    assert got == oracle.allocate("y", "", 0, 0b11, (), BURSTABLE)
+    assert ours.export() == oracle.export()
+    assert ours._overcommit(0) == ([], {})

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
+import pytest
 from nri_framework import convert
 from nri_framework.model import ContainerState, CpuResources, MemoryResources, Resources
 from nri_framework.pb import nri_pb2 as pb
@@ -94,3 +98,130 @@ def test_resources_to_pb_sets_cpu_only_with_something_in_it() -> None:
         assert out.HasField("cpu") is present, cpu
         if present:
             assert convert.resources_from_pb(out).cpu == cpu
+
+
+# --- resources_from_pb: a HasField per field, as the ListFields walk did -------
+
+
+def _listfields_resources(r: pb.LinuxResources) -> Resources:
+    """The conversion before it read each field with HasField: one ListFields
+    per message (the oracle of the twin test)."""
+
+    def wrapped(msg: Any, strings: tuple[str, ...] = ()) -> dict[str, Any]:
+        return {fd.name: v if fd.name in strings else v.value for fd, v in msg.ListFields()}
+
+    cpu = memory = blockio_class = rdt_class = pids_limit = None
+    unified: dict[str, str] = {}
+    for fd, v in r.ListFields():
+        name = fd.name
+        if name == "cpu":
+            cpu = CpuResources(**wrapped(v, ("cpus", "mems")))
+        elif name == "memory":
+            memory = MemoryResources(**wrapped(v))
+        elif name == "blockio_class":
+            blockio_class = v.value
+        elif name == "rdt_class":
+            rdt_class = v.value
+        elif name == "unified":
+            unified = dict(v)
+        elif name == "pids":
+            pids_limit = v.limit
+    return Resources(
+        cpu=cpu,
+        memory=memory,
+        blockio_class=blockio_class,
+        rdt_class=rdt_class,
+        unified=unified,
+        pids_limit=pids_limit,
+    )
+
+
+def _random_resources(rng: random.Random) -> pb.LinuxResources:
+    r = pb.LinuxResources()
+    values = [0, 1, -1, 204, 1 << 40]
+    if rng.random() < 0.8:
+        r.cpu.SetInParent()
+        for name in ("shares", "quota", "period", "realtime_runtime", "realtime_period"):
+            if rng.random() < 0.4:
+                v = rng.choice(values)
+                unsigned = name in ("shares", "period", "realtime_period")
+                getattr(r.cpu, name).value = abs(v) if unsigned else v
+        r.cpu.cpus = rng.choice(["", "0-3", "5"])
+        r.cpu.mems = rng.choice(["", "0"])
+    if rng.random() < 0.8:
+        r.memory.SetInParent()
+        for name in ("limit", "reservation", "swap", "kernel", "kernel_tcp", "swappiness"):
+            if rng.random() < 0.3:
+                getattr(r.memory, name).value = abs(rng.choice(values))
+        for name in ("disable_oom_killer", "use_hierarchy"):
+            if rng.random() < 0.3:
+                getattr(r.memory, name).value = rng.random() < 0.5
+    if rng.random() < 0.3:
+        r.blockio_class.value = rng.choice(["", "slow"])
+    if rng.random() < 0.3:
+        r.rdt_class.value = rng.choice(["", "gold"])
+    if rng.random() < 0.3:
+        r.unified["memory.high"] = "max"
+    if rng.random() < 0.3:
+        r.pids.limit = rng.choice([0, 100])
+    if rng.random() < 0.2:
+        r.hugepage_limits.add(page_size="2MB", limit=1)
+    return r
+
+
+def test_resources_from_pb_converts_as_the_listfields_walk() -> None:
+    rng = random.Random(14)
+    for _ in range(600):
+        r = _random_resources(rng)
+        # through the wire too: what the stub converts is a parsed message
+        r = pb.LinuxResources.FromString(r.SerializeToString())
+        assert convert.resources_from_pb(r) == _listfields_resources(r), r
+
+
+# --- synchronize_from_pb: a Synchronize converted in one pass ------------------
+
+
+def _sync_request(rng: random.Random, n: int) -> pb.SynchronizeRequest:
+    req = pb.SynchronizeRequest()
+    for i in range(n):
+        p = req.pods.add(id=f"p{i}", name=f"p{i}", namespace="ns")
+        p.linux.cgroup_parent = f"/kubepods/burstable/podp{i}"
+        c = req.containers.add(id=f"c{i}", pod_sandbox_id=p.id, name="ctr", state=3)
+        if rng.random() < 0.9:
+            shared = rng.random() < 0.7  # most containers ask alike
+            r = _random_resources(random.Random(1) if shared else rng)
+            c.linux.resources.CopyFrom(r)
+    return pb.SynchronizeRequest.FromString(req.SerializeToString())
+
+
+def test_synchronize_from_pb_converts_as_one_at_a_time() -> None:
+    rng = random.Random(7)
+    req = _sync_request(rng, 300)
+    pods, containers = convert.synchronize_from_pb(req.pods, req.containers)
+    assert pods == [convert.pod_from_pb(p) for p in req.pods]
+    assert containers == [convert.container_from_pb(c) for c in req.containers]
+    shared = [c.resources for c in containers if c.resources == containers[0].resources]
+    assert len(shared) > 100 and all(r is shared[0] for r in shared)  # converted once
+
+
+def test_synchronize_from_pb_remembers_boundedly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime sending many different resources: past SYNC_RESOURCES_MAX
+    distinct ones, a repeated one is converted again (not remembered)."""
+    monkeypatch.setattr(convert, "SYNC_RESOURCES_MAX", 4)
+    calls: list[pb.LinuxResources] = []
+    plain = convert.resources_from_pb
+
+    def counting(r: pb.LinuxResources) -> Resources:
+        calls.append(r)
+        return plain(r)
+
+    monkeypatch.setattr(convert, "resources_from_pb", counting)
+    req = pb.SynchronizeRequest()
+    for k in list(range(10)) * 2:  # 10 distinct, each twice
+        c = req.containers.add(id=f"c{len(req.containers)}")
+        c.linux.resources.cpu.shares.value = 2 + k
+    _, containers = convert.synchronize_from_pb(req.pods, req.containers)
+    assert [c.resources.cpu.shares for c in containers if c.resources and c.resources.cpu] == [
+        2 + k for k in list(range(10)) * 2
+    ]
+    assert len(calls) == 10 + 6  # the first 4 remembered, the other 6 converted again
