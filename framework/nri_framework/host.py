@@ -134,8 +134,15 @@ class PolicyHost:
         return sent
 
     def _put_pod(self, pod: Pod) -> None:
+        """Cache ``pod``; mark it sent (:meth:`take_sent_pods`) unless it is the
+        very object the cache holds: the runtime resent it unchanged
+        (:class:`~nri_framework.convert.ResentPods` hands out its last
+        conversion while the bytes are the same), and the mark of its last
+        change is still pending or was taken by a decision that read this pod."""
+        unchanged = self.cache.pods.get(pod.id) is pod
         self.cache.put_pod(pod)
-        self._pod_sent(pod.id)
+        if not unchanged:
+            self._pod_sent(pod.id)
 
     def _pod_sent(self, pod_id: str) -> None:
         sent = self._sent_pods
@@ -329,8 +336,9 @@ class PolicyHost:
         """A lifecycle event without an answer: refresh the cache, call the hooks."""
         hook_name = f"nri_{event.name.lower()}"
         if event is not Event.REMOVE_POD_SANDBOX:
-            self.cache.put_pod(pod)
-        self._pod_sent(pod.id)
+            self._put_pod(pod)
+        else:
+            self._pod_sent(pod.id)
         if container is not None and event is not Event.REMOVE_CONTAINER:
             self.cache.put_container(container)
         caller = getattr(self.hook, hook_name, None)

@@ -29,7 +29,8 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Generic, TypeVar
 
 import msgspec
 from nri_framework import cpuset
@@ -39,7 +40,42 @@ from nri_balloons.cpupriority import PRIOS, CpuPriority, Priorities, cpufreq_pri
 
 log = logging.getLogger("nri_balloons.cpus")  # the logger these lines always had
 
-__all__ = ["AllocFlag", "CpuAllocator", "ResizeError"]
+__all__ = ["PICKS_MAX", "AllocFlag", "CpuAllocator", "RecentPicks", "ResizeError"]
+
+PICKS_MAX = 256
+"""Answers a :class:`RecentPicks` keeps (each key a few CPU masks: ~40 KiB on
+a 256-CPU machine)."""
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class RecentPicks(Generic[K, V]):
+    """The last answers of a pick that is a pure function of its key (the CPU
+    sets it chooses from): a node whose pods come and go asks the same
+    questions again (the same free CPUs, the same size). At most ``limit``
+    answers, the oldest forgotten first."""
+
+    __slots__ = ("_got", "limit")
+
+    def __init__(self, limit: int = PICKS_MAX) -> None:
+        self.limit = limit
+        self._got: dict[K, V] = {}
+
+    def __len__(self) -> int:
+        return len(self._got)
+
+    def get(self, key: K) -> V | None:
+        return self._got.get(key)
+
+    def keep(self, key: K, value: V) -> None:
+        got = self._got
+        if len(got) >= self.limit:
+            del got[next(iter(got))]
+        got[key] = value
+
+    def clear(self) -> None:
+        self._got.clear()
 
 
 class ResizeError(ValueError):
@@ -112,6 +148,10 @@ class CpuAllocator:
         self._packages = tuple(topology.package_masks.items())
         self._clusters = self._discover_clusters() if self.hybrid else ()
         self._cache_groups = self._discover_cache_groups()
+        self._picks: RecentPicks[tuple[int, int, CpuPriority, AllocFlag], int] = RecentPicks()
+        """(from, count, priority, flags) -> the CPUs :meth:`allocate` picked:
+        its answer depends on nothing else (the topology and the priorities
+        are this allocator's for its life)"""
 
     @property
     def priorities(self) -> dict[CpuPriority, int]:
@@ -227,9 +267,17 @@ class CpuAllocator:
             raise ResizeError(f"cpuset {cpuset.format(from_)} does not have {cnt} CPUs")
         if size == cnt:
             return from_
+        debug = log.isEnabledFor(logging.DEBUG)
+        key = (from_, cnt, prefer, flags)
+        if not debug:  # with debug, the steps' lines are logged again (above
+            # debug they log nothing that can happen: the internal error cannot)
+            got = self._picks.get(key)
+            if got is not None:
+                return got
         helper = _Helper(self, from_, cnt, prefer, flags)
         result = helper.allocate()
-        if log.isEnabledFor(logging.DEBUG):
+        self._picks.keep(key, result)
+        if debug:
             log.debug(
                 "%d cpus from #%s (preferring #%s) => #%s",
                 cnt,

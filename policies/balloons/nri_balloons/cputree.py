@@ -47,7 +47,7 @@ import msgspec
 from nri_framework import cpuset
 from nri_framework.topology import Topology, TreeNode
 
-from nri_balloons.cpuallocator import CpuAllocator, ResizeError
+from nri_balloons.cpuallocator import CpuAllocator, RecentPicks, ResizeError
 from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.devices import VirtualDevice
 from nri_balloons.flattree import FlatTree, flat_tree
@@ -148,6 +148,9 @@ class CpuTreeAllocator:
         self._reach: dict[int, tuple[int, ...]] = {}
         """need -> :func:`_reach` for the smallest node size >= need (shared by
         the needs of one size; the size's own entry under ``-size``)"""
+        self._best_nodes: RecentPicks[tuple[int, int, int, bool], int] = RecentPicks()
+        """(current, free, delta, balancing) -> the max local set's node
+        (:meth:`_best_node`; -1: none), for this tree"""
         self._resizers: tuple[Callable[[int, ResizeHints, int, int, int], tuple[int, int]], ...] = (
             self._only_if_necessary,
             self._dynamic_device_hints,
@@ -166,6 +169,7 @@ class CpuTreeAllocator:
         self._spread = value
         self._tree = flat_tree(self.topology, value)
         self._reach = {}
+        self._best_nodes.clear()
 
     def __repr__(self) -> str:
         return (
@@ -422,7 +426,24 @@ class CpuTreeAllocator:
     def _max_local_set(
         self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int
     ) -> tuple[int, int]:
-        """The best tree node that can give (take) ``|delta|`` CPUs.
+        """The best tree node that can give (take) ``|delta|`` CPUs
+        (:meth:`_best_node`, remembered for the last sets asked about); the
+        rest of the chain chooses within it."""
+        key = (current, free, delta, self.topology_balancing)
+        best = self._best_nodes.get(key)
+        if best is None:
+            best = self._best_node(current, free, delta)
+            self._best_nodes.keep(key, best)
+        if best < 0:
+            raise ResizeError("not enough free CPUs")
+        t = self._tree
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("  - max local set: %s", t.names[best])
+        mask = t.masks[best]
+        return self._next(nxt, hints, current & mask, free & mask, delta)
+
+    def _best_node(self, current: int, free: int, delta: int) -> int:
+        """The best tree node that can give (take) ``|delta|`` CPUs; -1: none.
 
         Upstream flattens the tree into per-node count vectors and sorts them
         (``ToAttributedSlice``, ``sorterAllocate``/``sorterRelease``). Here one
@@ -544,12 +565,7 @@ class CpuTreeAllocator:
                 i = end[i]
                 continue
             i += 1
-        if best < 0:
-            raise ResizeError("not enough free CPUs")
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("  - max local set: %s", t.names[best])
-        mask = t.masks[best]
-        return self._next(nxt, hints, current & mask, free & mask, delta)
+        return best
 
     def _now(
         self, nxt: int, hints: ResizeHints, current: int, free: int, delta: int

@@ -109,10 +109,20 @@ class _Fill:
 
 
 class _Placed(Generic[T]):
-    """An attribute of the policy's running :class:`~nri_balloons.placement.Placement`."""
+    """An attribute of the policy's running :class:`~nri_balloons.placement.Placement`.
+
+    The class gets a property in its place whose getter is C
+    (``operator.attrgetter``): a decision reads these ~50 times, and a
+    descriptor's ``__get__`` in Python costs ten times a plain read. Its
+    methods give the attribute's type."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
+
+        def put(policy: BalloonsPolicy, value: T) -> None:
+            setattr(policy.placement, name, value)
+
+        setattr(owner, name, property(operator.attrgetter("placement." + name), put))
 
     def __get__(self, policy: BalloonsPolicy, owner: type | None = None) -> T:
         return getattr(policy.placement, self.name)  # type: ignore[no-any-return]
@@ -360,20 +370,24 @@ class BalloonsPolicy:
 
     def choose_instance(self, bdef: BalloonType, member: Member) -> Balloon:
         fill = _Fill(self, bdef)
+        debug = log.isEnabledFor(logging.DEBUG)  # the lines' arguments for debug only
         for method in fill_chain(bdef):
             try:
                 candidates = self._fills[method](fill, member)
             except NotApplicable:
-                log.debug("fill method %r not applicable", str(method))
+                if debug:
+                    log.debug("fill method %r not applicable", str(method))
                 continue
             if candidates:
-                log.debug(
-                    "fill method %r suggests any of balloon instances %s",
-                    str(method),
-                    [b.name for b in candidates],
-                )
+                if debug:
+                    log.debug(
+                        "fill method %r suggests any of balloon instances %s",
+                        str(method),
+                        [b.name for b in candidates],
+                    )
                 return self._best(method, candidates, fill)
-            log.debug("fill method %r not applicable", str(method))
+            if debug:
+                log.debug("fill method %r not applicable", str(method))
         raise BalloonsError(
             f"balloon allocation for container {member.pretty} failed: "
             "no suitable balloon instance available"
@@ -521,8 +535,9 @@ class BalloonsPolicy:
         delta = count - current
         if delta == 0:
             return
-        log.debug("resize %s to fit %d mCPU", bln.name, milli)
-        log.debug("- change size from %d to %d full cpus", current, count)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("resize %s to fit %d mCPU", bln.name, milli)
+            log.debug("- change size from %d to %d full cpus", current, count)
         balloonclass.forget(self.cpu_classes, bln.cpus)
         try:
             if delta > 0:
@@ -578,10 +593,9 @@ class BalloonsPolicy:
 
     def _share_idle(self) -> None:
         """Shared idle CPUs of every balloon (§9)."""
+        free, topology = self.free, self.topology
         for bln in self.balloons:
-            bln.shared_idle = share_idle(
-                bln.cpus, self.free, bln.bdef.share_idle_cpus_in_same, self.topology
-            )
+            bln.shared_idle = share_idle(bln.cpus, free, bln.bdef.share_idle_cpus_in_same, topology)
 
     # -- containers ------------------------------------------------------------------
 
@@ -613,12 +627,13 @@ class BalloonsPolicy:
             return None
         bdef = self.choose_type(pod, container)
         member = self.member(pod, container, bdef)
-        log.debug(
-            "allocating resources for container %s (request %d mCPU, limit %d mCPU)...",
-            member.pretty,
-            member.request,
-            member.limit,
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "allocating resources for container %s (request %d mCPU, limit %d mCPU)...",
+                member.pretty,
+                member.request,
+                member.limit,
+            )
         bln = self.choose_instance(bdef, member)
         need = member.request + bln.requested
         if bln.cpus.bit_count() * 1000 < max(1, need):

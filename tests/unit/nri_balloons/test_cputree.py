@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nri_balloons.cpuallocator import ResizeError
+from nri_balloons.cpuallocator import PICKS_MAX, CpuAllocator, ResizeError
+from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.cputree import NO_HINTS, CpuTreeAllocator, cpu_locations
 from nri_balloons.flattree import FlatTree, flat_tree
 from nri_framework import cpuset
@@ -579,3 +581,118 @@ def test_cpu_locations() -> None:
         "p0d0n0cpu4t4",
         "p0d1n2cpu16t16",
     ]
+
+
+# --- remembered picks: the answers of the same questions again ----------------
+
+
+def _fresh(topo: Topology, alloc: CpuTreeAllocator) -> CpuTreeAllocator:
+    """An allocator with ``alloc``'s options and nothing remembered."""
+    return CpuTreeAllocator(
+        topo,
+        topology_balancing=alloc.topology_balancing,
+        prefer_spread_on_physical_cores=alloc.prefer_spread_on_physical_cores,
+        allocator_priority=alloc.allocator_priority,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.sampled_from(
+        [int5(2, 2, 2, 4, 2), dataclasses.replace(N4C16, name="n4c16-l2x2", cores_per_l2=2)]
+    ),
+    priority=st.sampled_from(list(CpuPriority)),
+    data=st.data(),
+)
+def test_remembered_picks_are_the_fresh_ones(
+    spec: TopologySpec, priority: CpuPriority, data: st.DataObject
+) -> None:
+    """Balloons made, grown, shrunk and deleted over and over (the same
+    questions come again), the options switched between resizes: at every step
+    the allocator that remembers its answers picks what a new one picks."""
+    topo = topology(spec)
+    alloc = CpuTreeAllocator(topo, allocator_priority=priority)
+    balloons: list[int] = []
+    free = topo.online
+    for _step in range(data.draw(st.integers(1, 30))):
+        op = data.draw(st.sampled_from(["new", "new", "grow", "shrink", "delete", "opt"]))
+        if op == "opt":
+            if data.draw(st.booleans()):
+                alloc.topology_balancing = not alloc.topology_balancing
+            else:
+                alloc.prefer_spread_on_physical_cores = not alloc.prefer_spread_on_physical_cores
+            continue
+        if op == "delete" and balloons:
+            free |= balloons.pop(data.draw(st.integers(0, len(balloons) - 1)))
+            continue
+        if op in ("grow", "shrink") and balloons:
+            i = data.draw(st.integers(0, len(balloons) - 1))
+        else:
+            balloons.append(0)
+            i, op = len(balloons) - 1, "grow"
+        current = balloons[i]
+        top = free.bit_count() if op == "grow" else current.bit_count()
+        if not top:
+            continue
+        delta = data.draw(st.integers(1, min(top, 4))) * (1 if op == "grow" else -1)
+        got = alloc.resize(current, free, delta)
+        assert got == _fresh(topo, alloc).resize(current, free, delta), (op, delta)
+        if delta > 0:
+            balloons[i], free = current | got, free & ~got
+        else:
+            balloons[i], free = current & ~got, free | got
+
+
+def test_a_remembered_pick_follows_the_options() -> None:
+    """The same question after the type's balancing or spreading changed is
+    answered for the new options (balancing is in the key; a new tree forgets)."""
+    topo = topology(N4C16)
+    free = topo.online & ~cpuset.parse("0-1")  # package 0 has fewer free CPUs
+    alloc = CpuTreeAllocator(topo)
+    packed = alloc.resize(0, free, 2)
+    alloc.topology_balancing = True
+    balanced = alloc.resize(0, free, 2)
+    assert balanced == _fresh(topo, alloc).resize(0, free, 2) != packed
+    alloc.prefer_spread_on_physical_cores = True
+    spread = alloc.resize(0, free, 2)
+    assert spread == _fresh(topo, alloc).resize(0, free, 2) != balanced
+
+
+def test_remembered_picks_are_bounded() -> None:
+    """More distinct questions than PICKS_MAX: the tree and the CPU allocator
+    keep PICKS_MAX answers, the oldest forgotten, and still answer right."""
+    topo = topology(dataclasses.replace(N4C16, name="n4c16-l2x2", cores_per_l2=2))
+    alloc = CpuTreeAllocator(topo)
+    ids = cpuset.ids(topo.online)
+    asked = 0
+    for a in ids:
+        for b in ids:
+            if a < b:
+                free = topo.online & ~cpuset.from_ids([a, b])
+                for delta in (3, 5, 6, 7):
+                    got = alloc.resize(0, free, delta)
+                    assert got == _fresh(topo, alloc).resize(0, free, delta)
+                    got = alloc.cpu_allocator.allocate(free, delta)
+                    assert got == CpuAllocator(topo).allocate(free, delta)
+                    asked += 1
+    assert asked > PICKS_MAX
+    assert len(alloc._best_nodes) == PICKS_MAX
+    assert len(alloc.cpu_allocator._picks) == PICKS_MAX
+
+
+def test_a_remembered_pick_logs_its_debug_lines_again(caplog: pytest.LogCaptureFixture) -> None:
+    """With debug on, a question asked again logs every line the first logged
+    (the tree's and the CPU allocator's: the allocator's steps run again)."""
+    topo = topology(dataclasses.replace(N4C16, name="n4c16-l2x2", cores_per_l2=2))
+    alloc = CpuTreeAllocator(topo)
+    free = topo.online
+    alloc.resize(0, free, 3)  # remembered without debug
+    lines = []
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            alloc.resize(0, free, 3)
+        lines.append([r.getMessage() for r in caplog.records])
+    assert any("cpus from" in m for m in lines[0]), lines[0]
+    assert any("max local set" in m for m in lines[0]), lines[0]
+    assert lines[1] == lines[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nri_framework import cpuset
+from nri_framework import convert, cpuset
 from nri_framework.hookspecs import hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.model import (
@@ -21,6 +21,7 @@ from nri_framework.model import (
     RuntimeInfo,
 )
 from nri_framework.nri.versions import VALID_EVENTS_V0_6, VALID_EVENTS_V0_10, valid_events
+from nri_framework.pb import nri_pb2 as pb
 from nri_framework.policies.pinner import Pinner
 
 CONTAINERD_17 = RuntimeInfo(name="containerd", version="1.7.24~ds1")
@@ -300,3 +301,55 @@ def test_a_policy_cannot_mutate_a_pod_it_was_given() -> None:
     with pytest.raises(AttributeError, match="immutable"):
         host.create_container(pod, shared("c"))
     assert pod.name == host.pods["p"].name == "web"
+
+
+# --- the pods a policy must look at again (take_sent_pods) ----------------------
+
+
+def _sent_pods_host(tmp_path: Path) -> PolicyHost:
+    host = PolicyHost("pinner", Pinner(), host_root=sysfs(tmp_path, "0-3"))
+    host.synchronize([], [])
+    host.take_sent_pods()
+    return host
+
+
+def test_a_pod_resent_unchanged_is_not_sent_again(tmp_path: Path) -> None:
+    """The runtime sends a pod with each event of its containers; unchanged, the
+    stub's ResentPods hands out the object the cache holds: no policy needs to
+    look at that pod again (create, the lifecycle events, an update)."""
+    host = _sent_pods_host(tmp_path)
+    resent = convert.ResentPods()
+    msg = pb.PodSandbox(id="p", name="web", namespace="ns", labels={"app": "a"})
+    host.notify(Event.RUN_POD_SANDBOX, resent.convert(msg), None)
+    assert host.take_sent_pods() == {"p"}
+    c = shared("c1")
+    host.create_container(resent.convert(msg), c)
+    assert host.take_sent_pods() == set()
+    for event in (Event.POST_CREATE_CONTAINER, Event.START_CONTAINER):
+        host.notify(event, resent.convert(msg), c)
+    host.update_pod_sandbox(resent.convert(msg), Resources())
+    assert host.take_sent_pods() == set()
+    assert host.pods["p"].labels == {"app": "a"}
+
+
+def test_a_changed_or_removed_pod_is_still_sent(tmp_path: Path) -> None:
+    """A pod whose bytes changed is a new object: sent, at create and at any
+    event; so is an equal pod that is not the cache's object (identity is the
+    proof, not equality), a pod met for the first time, and a removed one."""
+    host = _sent_pods_host(tmp_path)
+    resent = convert.ResentPods()
+    msg = pb.PodSandbox(id="p", name="web", namespace="ns", labels={"app": "a"})
+    c = shared("c1")
+    host.create_container(resent.convert(msg), c)  # first seen at its create
+    assert host.take_sent_pods() == {"p"}
+    msg.labels["app"] = "b"
+    host.create_container(resent.convert(msg), shared("c2"))
+    assert host.take_sent_pods() == {"p"}
+    assert host.pods["p"].labels == {"app": "b"}
+    msg.annotations["x"] = "1"
+    host.notify(Event.START_CONTAINER, resent.convert(msg), c)
+    assert host.take_sent_pods() == {"p"}
+    host.notify(Event.START_CONTAINER, convert.pod_from_pb(msg), c)  # equal, not the same
+    assert host.take_sent_pods() == {"p"}
+    host.notify(Event.REMOVE_POD_SANDBOX, resent.convert(msg), None)
+    assert host.take_sent_pods() == {"p"}
