@@ -357,12 +357,32 @@ class SyncHelperClient(_Shell):
 
     def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
         """Send ``req``, return its typed reply (see ``messages.REPLY_FOR``)."""
+        return self.finish(self.start(req, timeout))
+
+    def start(self, req: m.Request, timeout: float | None = None) -> Call:
+        """Send ``req`` (its Hello first on a new connection) without waiting
+        for the reply: :meth:`finish` waits for it, until the call's deadline
+        (``timeout`` from now), so that the caller can work meanwhile. One
+        call at a time: a call started before the last one was finished is
+        left (its late reply is dropped)."""
         call = self.session.begin(req, timeout)
         sock = self._socket()
-        frames = call.frames
+        try:
+            self._send(sock, call, call.frames)
+        except HelperUnavailable:
+            if self.session.needs_socket:
+                self._close_socket()
+            raise
+        return call
+
+    def finish(self, call: Call) -> m.Reply:
+        """The typed reply of ``call`` (:meth:`start`), waited for at most
+        until its deadline."""
+        sock = self.sock
+        if sock is None or self.session.needs_socket:
+            raise call.timed_out()  # its socket is gone (closed meanwhile)
         try:
             while True:
-                self._send(sock, call, frames)
                 while True:
                     left = call.remaining()
                     if left <= 0:
@@ -377,10 +397,10 @@ class SyncHelperClient(_Shell):
                         continue
                     out = call.receive(got)
                     if isinstance(out, Send):
-                        frames = out.frames
                         break
                     if out is not None:
                         return out
+                self._send(sock, call, out.frames)
         except HelperUnavailable:
             if self.session.needs_socket:
                 self._close_socket()

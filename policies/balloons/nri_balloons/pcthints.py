@@ -60,15 +60,8 @@ class PlacementHints(PctState):
             # a sibling in another balloon holds on a CLOS it does not ask for
             topo = self.topology
             held = free & topo.siblings(self.allowed & ~free & ~current) & ~topo.siblings(current)
-            on_clos = 0
-            for cpu, k in self.known.items():
-                if (
-                    k == plan.clos
-                    and cpu >= 0
-                    and free >> cpu & 1
-                    and (self.want.get(cpu) == k or not held >> cpu & 1)
-                ):
-                    on_clos |= 1 << cpu
+            k = plan.clos
+            on_clos = self.known.mask(k) & free & (self.want.mask(k) | ~held)
             if on_clos.bit_count() >= requested:
                 out.prefer.append((f"sst-clos-{plan.clos}", [on_clos]))
         if name in self.hp_classes:
@@ -94,21 +87,29 @@ class PlacementHints(PctState):
     def _shared_core_cpus(self, clos: int, free: int, current: int) -> int:
         """The CPUs of ``free`` whose core has a thread in use (neither free
         nor ``current``) on or asking for another CLOS than ``clos``."""
-        busy = self.topology.siblings(free) & ~free & ~current
-        other = 0
-        for cpu in cpuset.ids(busy):
-            theirs = self.want.get(cpu, self.known.get(cpu))
-            if theirs is not None and theirs != clos:
-                other |= 1 << cpu
-        return self.topology.siblings(other) & free if other else 0
+        siblings = self.topology.siblings
+        used = ~free & ~current & ((1 << self._bound) - 1)
+        if used.bit_count() < free.bit_count():  # the cores of the fewer CPUs visited
+            busy = used & siblings(free & siblings(used))
+        else:
+            busy = siblings(free) & used
+        want, known = self.want, self.known
+        theirs_other = (want.cpus & ~want.mask(clos)) | (
+            known.cpus & ~known.mask(clos) & ~want.cpus
+        )  # what a CPU asks for, else what it is on
+        other = busy & theirs_other
+        return siblings(other) & free if other else 0
 
     def _hp_used(self) -> dict[int, int]:
         """punit index -> the CPUs an HP class runs on there (from ``class_of``)."""
+        hp = 0
+        for name in self.hp_classes:
+            hp |= self.class_of.mask(name)
         used: dict[int, int] = {}
-        for cpu, name in self.class_of.items():
-            idx = self.punit_of.get(cpu)
-            if idx is not None and name in self.hp_classes:
-                used[idx] = used.get(idx, 0) | 1 << cpu
+        for idx in reversed(range(len(self.punits)) if hp else ()):
+            if on := hp & self.punits[idx].cpus:  # a CPU of two punits: the last's (punit_of)
+                used[idx] = on
+                hp &= ~on
         return used
 
     def _room(self, idx: int, current: int, used: dict[int, int]) -> int:

@@ -17,6 +17,8 @@ flush), :mod:`nri_balloons.pcthints` (placement hints and capacity);
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
+from typing import Generic, NoReturn, TypeVar
 
 from nri_framework.topology import Topology
 from nri_sst import messages as m
@@ -25,6 +27,76 @@ from nri_balloons.pctplan import Plan, Punit
 from nri_balloons.sstlink import Ask, BudgetSpent, Steps, Writer, WriterUnavailable
 
 log = logging.getLogger("cpuclass")
+
+V = TypeVar("V")
+_MISSING = object()
+
+
+class CpuMap(dict[int, V], Generic[V]):
+    """cpu -> value, with the CPUs of each value kept as a bit mask as the
+    map changes (:meth:`mask`): the placement hints ask "which CPUs are on
+    CLOS k" per decision without visiting every CPU. Only CPUs in
+    ``range(bound)`` are in the masks (a CPU beyond the topology, from a
+    helper's reply, never meets a CPU mask of it); the other keys stay in
+    the map. Changed through item assignment, ``pop``, ``del`` and
+    ``clear`` only."""
+
+    __slots__ = ("_all", "_masks", "bound")
+
+    def __init__(self, items: Mapping[int, V] | Iterable[tuple[int, V]] = (), bound: int = 0):
+        super().__init__()
+        self.bound = bound
+        self._masks: dict[V, int] = {}
+        self._all = 0
+        for cpu, value in dict(items).items():
+            self[cpu] = value
+
+    def mask(self, value: V) -> int:
+        """The CPUs mapped to ``value`` (within ``bound``)."""
+        return self._masks.get(value, 0)
+
+    @property
+    def cpus(self) -> int:
+        """The CPUs mapped to anything (within ``bound``)."""
+        return self._all
+
+    def _drop(self, cpu: int, value: V) -> None:
+        if 0 <= cpu < self.bound:
+            self._masks[value] &= ~(1 << cpu)
+            self._all &= ~(1 << cpu)
+
+    def __setitem__(self, cpu: int, value: V) -> None:
+        old = self.get(cpu, _MISSING)
+        if old is not _MISSING:
+            self._drop(cpu, old)  # type: ignore[arg-type]
+        super().__setitem__(cpu, value)
+        if 0 <= cpu < self.bound:
+            self._masks[value] = self._masks.get(value, 0) | 1 << cpu
+            self._all |= 1 << cpu
+
+    def __delitem__(self, cpu: int) -> None:
+        self._drop(cpu, self[cpu])
+        super().__delitem__(cpu)
+
+    def pop(self, cpu: int, *default: object) -> V:
+        if cpu in self:
+            value = self[cpu]
+            del self[cpu]
+            return value
+        if default:
+            return default[0]  # type: ignore[return-value]
+        raise KeyError(cpu)
+
+    def clear(self) -> None:
+        super().clear()
+        self._masks.clear()
+        self._all = 0
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("CpuMap changes through item assignment, pop, del and clear only")
+
+    update = setdefault = popitem = __ior__ = _refuse
+
 
 DISCOVER_TIMEOUT = 2.0
 """Discovery, PrepareManagedMode and Teardown touch every punit: allowed more
@@ -49,12 +121,13 @@ class PctState:
         self.hp_classes: set[str] = set()
         self.hp_eligible: set[int] = set()
         self.fallback_clos = 0
-        self.want: dict[int, int] = {}
+        self._bound = max(topology.cpus, default=-1) + 1
+        self.want = {}
         """cpu -> the CLOS its class asks for (its core's CLOS is resolved
         from its threads' at flush time, see :mod:`nri_balloons.closassoc`)"""
-        self.class_of: dict[int, str] = {}
+        self.class_of = {}
         """cpu -> the class last used on it (HP room is derived from it)"""
-        self.known: dict[int, int] = {}
+        self.known = {}
         """cpu -> the CLOS the helper last reported or confirmed (siblings
         included: a core's threads move together)"""
         self.pending = 0
@@ -87,6 +160,33 @@ class PctState:
             if c.freq.max and c.freq.min:
                 self._turbo = (c.freq.min, c.freq.base or c.freq.max, c.freq.max)
                 break
+
+    # The three cpu maps are CpuMaps whatever is assigned (a plain dict of
+    # the helper's reply, an empty one when forgotten).
+
+    @property
+    def want(self) -> CpuMap[int]:
+        return self._want
+
+    @want.setter
+    def want(self, items: Mapping[int, int]) -> None:
+        self._want = CpuMap(items, self._bound)
+
+    @property
+    def class_of(self) -> CpuMap[str]:
+        return self._class_of
+
+    @class_of.setter
+    def class_of(self, items: Mapping[int, str]) -> None:
+        self._class_of = CpuMap(items, self._bound)
+
+    @property
+    def known(self) -> CpuMap[int]:
+        return self._known
+
+    @known.setter
+    def known(self, items: Mapping[int, int]) -> None:
+        self._known = CpuMap(items, self._bound)
 
     # -- helper access -------------------------------------------------------------
     #

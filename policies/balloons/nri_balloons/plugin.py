@@ -53,6 +53,7 @@ from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.sstlink import (
     REPLY_BUDGET,
     Budget,
+    Exchange,
     Steps,
     T,
     Wait,
@@ -63,7 +64,11 @@ from nri_balloons.sstlink import (
 from nri_balloons.validation import PreparedConfig, validate
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nri_framework.agent.podresources import PodResourcesClient
+
+    from nri_balloons.balloon import Balloon
 
 __version__ = "0.1.0"
 
@@ -160,11 +165,21 @@ class Balloons:
         """Apply the CPU class decisions of the hook that just ran (one commit
         per hook, within the hook's ``wait``). What the helper did not take
         goes to the background."""
+        self.begin_commit(wait)()
+
+    def begin_commit(self, wait: Wait) -> Callable[[], None]:
+        """:meth:`commit` in two halves: the request sent now, and the call
+        returned to wait for its reply and end the commit (within the same
+        ``wait``), made before the hook returns, whatever happens between."""
         if self.sst_missed and self.rediscovery is None and _running_loop() is not None:
             self.rediscovery = asyncio.get_running_loop().create_task(self._rediscover())
         if self.policy is None or self.background is not None:
-            return
-        ok = all(exchange(self.commit_steps(wait.timeout), self.policy_writer(), wait.budget))
+            return _nothing
+        sent = Exchange(self.commit_steps(wait.timeout), self.policy_writer(), wait.budget)
+        return lambda: self._end_commit(all(sent.finish()))
+
+    def _end_commit(self, ok: bool) -> None:
+        assert self.policy is not None
         self.report_late_denied_claims()
         loop = _running_loop()
         if loop is None:
@@ -672,12 +687,22 @@ class Balloons:
     def nri_create_container(self, pod: Pod, container: Container) -> CreateResult | None:
         assert self.policy is not None
         wait = self._reply_path()
-        try:
-            bln = self.policy.allocate(pod, container)
-        except BalloonsError as exc:
-            raise PolicyError(str(exc)) from None
+        end_commit = _nothing
+        try:  # the helper works on the decision's request while the reply is built
+            try:
+                bln = self.policy.allocate(pod, container)
+            except BalloonsError as exc:
+                raise PolicyError(str(exc)) from None
+            finally:
+                end_commit = self.begin_commit(wait)
+            return self._create_result(pod, container, bln)
         finally:
-            self.commit(wait)
+            end_commit()
+
+    def _create_result(
+        self, pod: Pod, container: Container, bln: Balloon | None
+    ) -> CreateResult | None:
+        assert self.policy is not None
         config = self.policy.config
         if bln is None:
             # upstream gives every container its classes, managed by the policy or not
@@ -797,6 +822,10 @@ class Balloons:
         from nri_balloons import observe
 
         return observe.inspect(self.policy, self.frequencies)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

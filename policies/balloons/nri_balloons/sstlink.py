@@ -35,11 +35,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from nri_sst import messages as m
 from nri_sst.client import (
     DEFAULT_TIMEOUT,
+    Call,
     HelperClient,
     HelperRequestError,
     HelperUnavailable,
@@ -156,12 +157,27 @@ class HelperWriter:
         self._async: HelperClient | None = None
 
     def request(self, request: m.Request, timeout: float | None = None) -> m.Reply:
+        return self.finish(self.start(request, timeout))
+
+    def start(self, request: m.Request, timeout: float | None = None) -> Call:
+        """Send ``request`` now; :meth:`finish` waits for its reply (see
+        :meth:`nri_sst.client.SyncHelperClient.start`)."""
         if self._client is None:
             self._client = SyncHelperClient(
                 self.endpoint, timeout=self.timeout, client="nri-resource-policy"
             )
         try:
-            return self._client.request(request, timeout)
+            return self._client.start(request, timeout)
+        except HelperUnavailable as exc:
+            raise WriterUnavailable(str(exc)) from None
+        finally:
+            self.instance = self._client.instance or self.instance
+
+    def finish(self, call: Call) -> m.Reply:
+        """The reply of the request :meth:`start` sent, within its timeout."""
+        assert self._client is not None
+        try:
+            return self._client.finish(call)
         except HelperUnavailable as exc:
             raise WriterUnavailable(str(exc)) from None
         except HelperRequestError as exc:
@@ -269,15 +285,80 @@ def delivery(ask: Ask, batches: bool) -> Delivery:
 
 def exchange(steps: Steps[T], writer: Writer, budget: Budget | None = None) -> T:
     """Run ``steps`` to their end with blocking requests (see the module doc)."""
+    return Exchange(steps, writer, budget).finish()
 
-    def deliver(ask: Ask) -> m.Reply:
-        send = delivery(ask, writer.supports(APPLY))
+
+class Exchange(Generic[T]):
+    """:func:`exchange` in two halves, so that the reply path works while the
+    helper does: built, it runs ``steps`` to their first request and sends
+    it (a :class:`HelperWriter`; any other writer is asked in
+    :meth:`finish`); :meth:`finish` waits for that reply, within the same
+    per-request timeout and ``budget`` as :func:`exchange`, and runs the
+    steps to their end. Each one must be finished (``try``/``finally``): the
+    steps learn the outcome of what was sent only then."""
+
+    def __init__(self, steps: Steps[T], writer: Writer, budget: Budget | None = None) -> None:
+        self.steps = steps
+        self.writer = writer
+        self.budget = budget
+        self._done = False
+        self._result: T | None = None
+        self._ask: Ask | None = None
+        self._sent: tuple[Delivery, Call] | None = None
+        self._error: Exception | None = None
         try:
-            req, wanted = next(send)
+            self._ask = next(steps)
+        except StopIteration as done:
+            self._end(done.value)
+            return
+        except BaseException:
+            steps.close()
+            raise
+        if isinstance(writer, HelperWriter):
+            try:
+                self._start(writer, self._ask)
+            except BaseException:
+                steps.close()
+                raise
+
+    def _end(self, result: T) -> None:
+        self._done = True
+        self._result = result
+        self.steps.close()
+
+    def _timeout(self, wanted: float | None) -> float | None:
+        return wanted if self.budget is None else self.budget.timeout(wanted)
+
+    def _start(self, writer: HelperWriter, ask: Ask) -> None:
+        """The first request of ``ask`` sent; a failure to send is kept for
+        :meth:`finish` (thrown into the steps there, as :func:`exchange`
+        would have)."""
+        send = delivery(ask, writer.supports(APPLY))
+        req, wanted = next(send)
+        try:
+            self._sent = send, writer.start(req, self._timeout(wanted))
+        except (WriterUnavailable, WriteRefused) as exc:
+            send.close()
+            self._error = exc
+
+    def _deliver(self, ask: Ask) -> m.Reply:
+        try:
+            if self._sent is not None:  # its first request is out: the reply
+                send, call = self._sent
+                self._sent = None
+                assert isinstance(self.writer, HelperWriter)
+                try:
+                    reply = self.writer.finish(call)
+                except WriteRefused as exc:
+                    req, wanted = send.throw(exc)
+                else:
+                    req, wanted = send.send(reply)
+            else:
+                send = delivery(ask, self.writer.supports(APPLY))
+                req, wanted = next(send)
             while True:
                 try:
-                    timeout = wanted if budget is None else budget.timeout(wanted)
-                    reply = writer.request(req, timeout)
+                    reply = self.writer.request(req, self._timeout(wanted))
                 except WriteRefused as exc:
                     req, wanted = send.throw(exc)
                 else:
@@ -286,20 +367,30 @@ def exchange(steps: Steps[T], writer: Writer, budget: Budget | None = None) -> T
             result: m.Reply = done.value
             return result
 
-    try:
-        ask = next(steps)
-        while True:
-            try:
-                reply = deliver(ask)
-            except (WriterUnavailable, WriteRefused) as exc:
-                ask = steps.throw(exc)
-            else:
-                ask = steps.send(reply)
-    except StopIteration as done:
-        result: T = done.value
-        return result
-    finally:
-        steps.close()
+    def finish(self) -> T:
+        """The steps' result (see the class doc); a second call returns it again."""
+        if self._done:
+            return cast(T, self._result)
+        steps = self.steps
+        try:
+            ask = self._ask
+            assert ask is not None
+            while True:
+                try:
+                    if self._error is not None:
+                        exc, self._error = self._error, None
+                        raise exc
+                    reply = self._deliver(ask)
+                except (WriterUnavailable, WriteRefused) as exc:
+                    ask = steps.throw(exc)
+                else:
+                    ask = steps.send(reply)
+        except StopIteration as done:
+            self._end(done.value)
+            return cast(T, done.value)
+        finally:
+            self._done = True
+            steps.close()
 
 
 async def exchange_async(steps: Steps[T], writer: Writer) -> T:

@@ -238,3 +238,40 @@ async def test_huge_reply_is_dropped_by_the_socket(kind: str, tmp_path: Path) ->
         c.close()
         peer.stop = True
         peer.join(5)
+
+
+class StepClock:
+    """The monotonic clock, which the test moves ahead by ``skip`` (the
+    client's deadlines read it)."""
+
+    def __init__(self) -> None:
+        self.skip = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skip
+
+
+def test_started_call_ends_at_its_deadline_from_the_start(helper: Helper) -> None:
+    """SyncHelperClient.start sends and returns; finish waits for the reply
+    until the deadline counted from start, not from finish: the caller's
+    work in between is spent of the call's timeout (the reply path's budget
+    holds whatever the hook does between the two). A SIGSTOPped helper: the
+    request was sent, finish ends at once once the clock is past the
+    deadline, and the helper answers the next call after SIGCONT."""
+    assert helper.proc is not None
+    clock = StepClock()
+    c = SyncHelperClient(helper.endpoint, timeout=0.1, client="test", clock=clock)
+    try:
+        assert isinstance(c.finish(c.start(m.TFStatus(), timeout=2.0)), m.TFStatusReply)
+        helper.proc.send_signal(signal.SIGSTOP)
+        call = c.start(m.TFStatus(), timeout=12.0)  # sent: the connection is up
+        clock.skip += 12.0  # the caller's work took the whole timeout
+        t0 = time.monotonic()
+        with pytest.raises(HelperUnavailable, match="did not answer TFStatus within 12000 ms"):
+            c.finish(call)
+        assert time.monotonic() - t0 < 10.0  # liveness: it did not wait the timeout again
+        helper.proc.send_signal(signal.SIGCONT)
+        reply = c.finish(c.start(m.TFStatus(), timeout=5.0))
+        assert isinstance(reply, m.TFStatusReply)  # the late reply was not taken for it
+    finally:
+        c.close()

@@ -358,6 +358,43 @@ def test_a_pct_create_is_one_helper_round_trip(batches: bool) -> None:
         plugin.policy_shutdown()
 
 
+def test_a_create_whose_reply_fails_still_ends_its_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decision's request goes to the helper before the reply is built
+    and its answer is taken after (Balloons.begin_commit): when building the
+    reply raises, the commit is still ended before the hook gives up (the
+    association sent and learned, nothing left pending for the background)."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    helper = InProcessHelper()
+    plugin = Balloons()
+    PolicyHost("balloons", plugin, host_root=str(host_root()))
+    assert plugin.policy is not None
+    handler = plugin.policy.cpu_classes
+    handler.writer = handler.pct.writer = helper
+    try:
+        plugin.apply(plugin.prepare(SPEC.read_text(), "spec"))
+        handler.pct.hold = False  # as after the runtime's Synchronize
+        assert handler.commit()
+
+        def broken(*args: object) -> None:
+            raise RuntimeError("the reply could not be built")
+
+        monkeypatch.setattr(plugin, "_create_result", broken)
+        p, c = pod("pct-hp-broken", 2, "hp-bln")
+        helper.sent.clear()
+        with pytest.raises(RuntimeError, match="could not be built"):
+            plugin.nri_create_container(p, c)
+        assert [type(r) for r in helper.sent] == [m.Apply]
+        bln = next(b for b in plugin.policy.balloons if c.id in b.members)
+        assert {handler.pct.clos_of(x) for x in cpuset.ids(bln.cpus)} == {0}
+        assert not handler.unsettled() and plugin.background is None
+    finally:
+        plugin.policy_shutdown()
+
+
 def test_nothing_is_sent_for_cores_already_on_their_clos() -> None:
     """An LP pod on idle CPUs: they are on CLOS 3 already (the helper said
     so) and its class writes nothing else, so its decision asks the helper

@@ -434,3 +434,24 @@ def test_a_cpufreq_write_recomputes_only_the_cpus_whose_limits_changed(small_roo
     assert [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)] == partial
     assert sim.state["cpus"]["min_mhz"] == lows
     assert partial[0] == 3000 != old[0]
+
+
+def test_idle_modules_raise_the_turbo_ratio_limit(tmp_path: Path) -> None:
+    """Without SST-TF the turbo ratio limit follows the active modules of the
+    punit (TRL buckets): every module busy, the lowest bucket's 3600 MHz; all
+    but module 0 of punit 0/0 idle (load 0 in the state the model starts
+    from), module 0 gets the one-core bucket's 3900 MHz, the other punits
+    stay at 3600 (the all-busy count is only taken while every CPU is busy)."""
+    state = tmp_path / "sim.json"
+    busy = SimBackend(state_file=state)
+    assert busy.expected_mhz(0) == 3600 and busy.expected_mhz(32) == 3600
+    busy.save()
+    doc = json.loads(state.read_text())
+    cfg = busy.config
+    for module in range(1, cfg.cores_per_punit):
+        for thread in range(cfg.threads_per_core):
+            doc["cpus"]["load"][thread * cfg.ncores + module] = 0.0
+    state.write_text(json.dumps(doc))
+    idle = SimBackend(state_file=state)
+    assert idle.expected_mhz(0) == 3900 and idle.expected_mhz(cfg.ncores) == 3900
+    assert idle.expected_mhz(cfg.cores_per_punit) == 3600  # punit 0/1: all busy

@@ -313,12 +313,17 @@ class SimBackend(Backend):
     def _write(self, hardware: bytes, volatile: bytes) -> None:
         """One JSON object of the two encoded parts, written atomically."""
         assert self.state_file is not None
-        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(hardware[:-1])
-            f.write(b",")
-            f.write(volatile[1:])
-        os.replace(tmp, self.state_file)
+        path = os.fspath(self.state_file)
+        tmp = path + ".tmp"
+        data = b"".join((hardware[:-1], b",", volatile[1:]))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        try:
+            view = memoryview(data)
+            while view:  # a regular file takes it whole; a short write goes on
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
         self._saved_hardware = hardware
 
     def _log(self, op: str, **fields: int | bool | str) -> None:
@@ -701,6 +706,7 @@ class SimBackend(Backend):
         load = cpus["load"]
         default = (c.cpuinfo_min_khz, c.cpuinfo_max_khz)
         max_mhz, min_mhz, limits = cpus["max_mhz"], cpus["min_mhz"], self._limits
+        all_busy = min(load, default=1.0) > 0  # every module active (the model's default)
         for key, modules in self._module_cpus.items():
             if not every and key not in only:
                 continue
@@ -708,7 +714,11 @@ class SimBackend(Backend):
             assoc = pu["assoc"]
             hp = assoc[: c.cores_per_punit].count(0)
             bucket = next((b for b, n in enumerate(c.tf_buckets) if hp <= n), None)
-            active = sum(1 for threads in modules if any(load[t] > 0 for t in threads))
+            active = (
+                len(modules)
+                if all_busy
+                else sum(1 for threads in modules if any(load[t] > 0 for t in threads))
+            )
             trl = next(
                 (f for n, f in zip(c.trl_buckets, c.trl_mhz, strict=False) if active <= n),
                 c.trl_mhz[-1],
