@@ -3,6 +3,11 @@
 
     python3 dev.py demo   # the main job: a simulated node, the plugin, pods
     python3 dev.py test   # the whole test suite (every tox tier)
+    python3 dev.py test py311-unit lint   # some tox envs, one after the other
+
+``test`` with no env runs every tier as CI does: each env its own ``tox run``,
+``NRI_DEV_SLOTS`` (2) at a time, each line shown live behind its env's name
+and each env's whole output kept in ``.tox/dev-logs/ENV.log`` (see ``SUITE``).
 
 Works on a fresh Debian 12 with only ``python3``: when ``ensurepip`` is
 missing (Debian's python3-venv not installed) the virtual environment is
