@@ -79,16 +79,17 @@ def _most_at_once(events: list[tuple[float, str, str]]) -> tuple[int, dict[str, 
 def test_envs_run_side_by_side_up_to_the_slots_and_the_alone_one_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    suite = (("a", False), ("b", False), ("c", False), ("bench", True), ("d", False))
+    suite = (("a", False), ("b", False), ("c", False), ("int", True), ("bench", True), ("d", False))
     rc, events = _run(tmp_path, suite, 2, set())
     assert rc == 0
-    assert sorted(env for _t, what, env in events if what == "end") == ["a", "b", "bench", "c", "d"]
+    ended = sorted(env for _t, what, env in events if what == "end")
+    assert ended == ["a", "b", "bench", "c", "d", "int"]
     most, beside = _most_at_once(events)
     assert most == 2
-    assert "bench" not in beside
+    assert "int" not in beside and "bench" not in beside
     out = capsys.readouterr().out
     assert re.search(r"^a +\| output of a$", out, re.M)  # live, prefixed with the env
-    assert out.rstrip().splitlines()[-1] == "dev.py: 10 passed, 0 failed"
+    assert out.rstrip().splitlines()[-1] == "dev.py: 12 passed, 0 failed"
     assert (tmp_path / "logs" / "c.log").read_text().startswith("output of c\n")
 
 
