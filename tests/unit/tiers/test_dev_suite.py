@@ -1,0 +1,114 @@
+"""dev.py's suite runner (what CI runs): envs side by side, SLOTS at a time, an
+env marked alone with nothing beside it, every failure in the exit code and
+shown whole at the end, pytest's counts summed in one closing line.
+
+The envs are real processes (this interpreter running a few lines in place of
+``tox run -e ENV``): each writes when it starts and ends, so the test reads
+what ran beside what from their own records, not from the runner's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _dev() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dev_under_test", _ROOT / "dev.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_ENV = """
+import os, sys, time
+rec, env, rc, passed = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def mark(what):
+    with open(rec, "a") as f:
+        f.write(f"{time.monotonic()} {what} {env}\\n")
+mark("start")
+time.sleep(0.3)
+print(f"output of {env}", flush=True)
+print(f"======= {passed} passed in 0.30s =======" if rc == 0 else
+      f"======= 1 failed, {passed} passed in 0.30s =======", flush=True)
+mark("end")
+sys.exit(rc)
+"""
+
+
+def _run(tmp_path: Path, suite: tuple[tuple[str, bool], ...], slots: int, fail: set[str]) -> Any:
+    dev = _dev()
+    rec = tmp_path / "record"
+    rec.touch()
+
+    def command(env: str) -> list[Any]:
+        rc = 3 if env in fail else 0
+        return [sys.executable, "-c", _ENV, rec, env, rc, 2]
+
+    rc = dev.run_suite(command, suite, slots, tmp_path / "logs")
+    events = [line.split() for line in rec.read_text().splitlines()]
+    return rc, sorted((float(t), what, env) for t, what, env in events)
+
+
+def _most_at_once(events: list[tuple[float, str, str]]) -> tuple[int, dict[str, set[str]]]:
+    """How many envs ran at once at most, and for each env the envs beside it."""
+    now: set[str] = set()
+    beside: dict[str, set[str]] = {}
+    most = 0
+    for _t, what, env in events:
+        if what == "start":
+            for other in now:
+                beside.setdefault(other, set()).add(env)
+                beside.setdefault(env, set()).add(other)
+            now.add(env)
+            most = max(most, len(now))
+        else:
+            now.discard(env)
+    return most, beside
+
+
+def test_envs_run_side_by_side_up_to_the_slots_and_the_alone_one_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = (("a", False), ("b", False), ("c", False), ("int", True), ("bench", True), ("d", False))
+    rc, events = _run(tmp_path, suite, 2, set())
+    assert rc == 0
+    ended = sorted(env for _t, what, env in events if what == "end")
+    assert ended == ["a", "b", "bench", "c", "d", "int"]
+    most, beside = _most_at_once(events)
+    assert most == 2
+    assert "int" not in beside and "bench" not in beside
+    out = capsys.readouterr().out
+    assert re.search(r"^a +\| output of a$", out, re.M)  # live, prefixed with the env
+    assert out.rstrip().splitlines()[-1] == "dev.py: 12 passed, 0 failed"
+    assert (tmp_path / "logs" / "c.log").read_text().startswith("output of c\n")
+
+
+def test_a_failed_env_fails_the_run_shows_its_output_whole_and_the_rest_still_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = (("a", False), ("b", False), ("c", False))
+    rc, events = _run(tmp_path, suite, 2, {"a"})
+    assert rc == 1
+    assert sorted(env for _t, what, env in events if what == "end") == ["a", "b", "c"]
+    out = capsys.readouterr().out
+    whole = out[out.index("a (FAILED)") :]
+    assert "\noutput of a\n" in whole  # unprefixed: the log, once more
+    assert "a FAILED (rc 3)" in out
+    assert out.rstrip().splitlines()[-1] == "dev.py: 6 passed, 1 failed"
+
+
+def test_one_slot_runs_one_env_at_a_time(tmp_path: Path) -> None:
+    rc, events = _run(tmp_path, (("a", False), ("b", False), ("c", False)), 1, set())
+    assert rc == 0
+    assert _most_at_once(events)[0] == 1
+    assert [env for _t, what, env in events if what == "start"] == ["a", "b", "c"]
