@@ -31,6 +31,14 @@ GOLDEN_MAP = DATA / "demo-map.txt"
 GOLDEN_STATE = DATA / "demo-state.json"
 
 
+def interrupt_as_a_terminal() -> None:
+    """The child's SIGINT as a terminal's foreground job has it (the default
+    action, so Python makes it KeyboardInterrupt): a suite started in the
+    background of a non-interactive shell inherits SIGINT ignored, and Ctrl-C
+    would then never reach the watch."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def watch_frames(address: str) -> tuple[int, str]:
     """``inspect --map --watch 0.2`` as a subprocess, stopped by a real SIGINT
     once it has drawn three frames."""
@@ -41,6 +49,7 @@ def watch_frames(address: str) -> tuple[int, str]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=interrupt_as_a_terminal,
     )
     assert proc.stdout is not None
     out = []
