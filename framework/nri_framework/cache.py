@@ -37,11 +37,17 @@ class Cache:
         #: container id -> (the container, what is stored of it): a container
         #: unchanged since (the same object) is not copied again
         self._stored_of: dict[str, tuple[Container, Container]] = {}
+        #: pod id -> the ids of its containers in ``containers``: a pod's
+        #: removal visits its own containers, not the node's
+        self._of_pod: dict[str, set[str]] = {}
 
     def replace(self, pods: list[Pod], containers: list[Container]) -> None:
         """Everything the runtime reported (Synchronize)."""
         self.pods = {p.id: p for p in pods}
         self.containers = {c.id: c for c in containers}
+        self._of_pod = {}
+        for c in self.containers.values():
+            self._of_pod.setdefault(c.pod_sandbox_id, set()).add(c.id)
         self.dirty_all = True
 
     def put_pod(self, pod: Pod) -> None:
@@ -49,8 +55,20 @@ class Cache:
         self.dirty_pods.add(pod.id)
 
     def put_container(self, container: Container) -> None:
+        old = self.containers.get(container.id)
+        if old is None or old.pod_sandbox_id != container.pod_sandbox_id:
+            if old is not None:
+                self._unindex(old)
+            self._of_pod.setdefault(container.pod_sandbox_id, set()).add(container.id)
         self.containers[container.id] = container
         self.dirty_containers.add(container.id)
+
+    def _unindex(self, c: Container) -> None:
+        ids = self._of_pod.get(c.pod_sandbox_id)
+        if ids is not None:
+            ids.discard(c.id)
+            if not ids:
+                del self._of_pod[c.pod_sandbox_id]
 
     def record(self, container_id: str, resources: Resources | None) -> None:
         """Remember the cpuset/memset a decision gave ``container_id``."""
@@ -110,13 +128,15 @@ class Cache:
 
     @hookimpl(trylast=True)
     def nri_remove_container(self, pod: Pod, container: Container) -> None:
-        self.containers.pop(container.id, None)
+        old = self.containers.pop(container.id, None)
+        if old is not None:
+            self._unindex(old)
         self.dirty_containers.add(container.id)
 
     @hookimpl(trylast=True)
     def nri_remove_pod_sandbox(self, pod: Pod) -> None:
         self.pods.pop(pod.id, None)
         self.dirty_pods.add(pod.id)
-        for cid in [cid for cid, c in self.containers.items() if c.pod_sandbox_id == pod.id]:
+        for cid in self._of_pod.pop(pod.id, ()):
             self.containers.pop(cid, None)
             self.dirty_containers.add(cid)

@@ -10,9 +10,10 @@ the parts that changed, so that a decision costs what it changes.
 
 The snapshot (compaction) is rewritten off the reply path, then the journal
 emptied: once the node has been quiet for :data:`SAVE_DELAY` (no change), on
-the next turn of the loop once the journal passes ``COMPACT_BYTES``, and at
-shutdown; not while a stream of requests goes on (a snapshot costs the whole
-node). Replaying a full journal at start is bounded by ``COMPACT_BYTES``.
+the next turn of the loop once the journal passes ``COMPACT_BYTES`` or once
+a Synchronize's record (the whole node) passes :data:`SYNC_COMPACT_BYTES`,
+and at shutdown; not while a stream of requests goes on (a snapshot costs the
+whole node). Replaying a full journal at start is bounded by ``COMPACT_BYTES``.
 
 Snapshot versions: 1 (``policy_state`` whole, as the policy exported it); 2
 (the same, or the merged parts of a keyed policy: a dict). Both read.
@@ -32,7 +33,7 @@ import msgspec
 from nri_sst.retry import Reporter
 
 from nri_framework.cache import Cache
-from nri_framework.journal import COMPACT_BYTES, Journal, StateChanges, merge_parts
+from nri_framework.journal import COMPACT_BYTES, Decision, Journal, StateChanges, merge_parts
 from nri_framework.model import Container, Pod
 
 # the host's logger: these lines were the host's and keep its name
@@ -45,6 +46,14 @@ READ_VERSIONS = (1, 2)
 #: the compaction of the journal, off the reply path (the journal record is
 #: what is on the reply path), not in the middle of a stream of requests.
 SAVE_DELAY = 1.0
+
+#: A Synchronize's record (the whole node) larger than this is compacted on
+#: the next turn of the loop, after its reply: then, while the runtime finishes
+#: the registration, not in the stream of requests that follows, which would
+#: otherwise carry the journal past ``COMPACT_BYTES`` (a snapshot of the whole
+#: node landing in one request's time: the p99 of a node of a few hundred
+#: containers). Smaller nodes wait for the quiet delay as before.
+SYNC_COMPACT_BYTES = COMPACT_BYTES // 8
 
 #: The policy's state to persist, asked for only when there is somewhere to
 #: persist it (``policy_export_state``).
@@ -84,6 +93,8 @@ class StateFile:
         self._last_change = 0.0
         self._save_reporter = Reporter(log)
         self._save_urgent = False
+        #: the last record was a Synchronize's, past SYNC_COMPACT_BYTES
+        self._compact_sync = False
 
     @property
     def path(self) -> Path | None:
@@ -159,6 +170,21 @@ class StateFile:
             return
         self.seq += 1
         decision = cache.take_changes(self.seq)
+        if decision.reset:
+            self._record_whole(decision, export, changes)
+            return
+        self._record(decision, export, changes)
+
+    def _record_whole(self, decision: Decision, export: Export, changes: Changes | None) -> None:
+        """:meth:`_record` of a Synchronize's record (the whole cache), noting
+        whether it is large enough to compact at once (:data:`SYNC_COMPACT_BYTES`)."""
+        assert self.journal is not None
+        before = self.journal.size
+        self._record(decision, export, changes)
+        self._compact_sync = self.journal.size - before > SYNC_COMPACT_BYTES
+
+    def _record(self, decision: Decision, export: Export, changes: Changes | None) -> None:
+        assert self.journal is not None
         delta = changes() if changes is not None else None
         if delta is not None:
             self._policy_state = b""  # a whole record after keyed ones is never left out
@@ -206,7 +232,10 @@ class StateFile:
             save()
             return
         self._last_change = loop.time()
-        urgent = self.journal is not None and self.journal.size > COMPACT_BYTES
+        urgent = self.journal is not None and (
+            self.journal.size > COMPACT_BYTES or self._compact_sync
+        )
+        self._compact_sync = False
         if self._save_handle is not None and not (urgent and not self._save_urgent):
             return  # the quiet timer looks at _last_change when it fires
         if self._save_handle is not None:

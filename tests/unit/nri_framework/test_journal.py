@@ -160,6 +160,35 @@ async def test_a_large_journal_is_compacted_at_once(
     }
 
 
+async def test_a_large_synchronize_is_compacted_after_its_reply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Synchronize's record holds the whole node: past SYNC_COMPACT_BYTES it
+    is compacted on the next loop turn (after the reply), not in the middle of
+    the stream of requests that follows; a smaller one waits for the quiet delay."""
+    snapshot = tmp_path / "state/pinner.state.json"
+    small = host(tmp_path)
+    small.synchronize([POD], [guaranteed("a", 1)])
+    record = journal_path(tmp_path).stat().st_size
+    await asyncio.sleep(0.01)
+    assert not snapshot.exists()  # below the limit: the quiet delay
+    small.save_now()
+    monkeypatch.setattr(statefile, "SYNC_COMPACT_BYTES", record - 1)
+    big = host(tmp_path)
+    big.synchronize([POD], [guaranteed("a", 1)])
+    assert journal_path(tmp_path).stat().st_size > 0  # journaled before the reply
+    seq = msgspec.json.decode(snapshot.read_bytes())["seq"]
+    await asyncio.sleep(0)  # the next loop turn
+    assert journal_path(tmp_path).stat().st_size == 0
+    assert msgspec.json.decode(snapshot.read_bytes())["seq"] == seq + 1
+    big.create_container(POD, guaranteed("b", 1))  # a decision's record: the delay again
+    await asyncio.sleep(0.01)
+    assert journal_path(tmp_path).stat().st_size > 0
+    decided = {cid: c.resources.cpu.cpus for cid, c in big.containers.items()}  # type: ignore[union-attr]
+    again = host(tmp_path)  # the snapshot and the record after it
+    assert restored(again, guaranteed("a", 1), guaranteed("b", 1)) == decided
+
+
 async def test_an_unwritable_journal_is_logged_once_and_decisions_go_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
