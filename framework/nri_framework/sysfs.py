@@ -158,7 +158,7 @@ def _cstate_names(cpuidle: str, known: IdleStates | None = None) -> frozenset[st
     such as ``arm_idle`` share a name, not their states) or new state directories
     reads its own; names of which one was unreadable are not taken by others."""
     try:
-        entries = [e.name for e in os.scandir(cpuidle)]
+        entries = os.listdir(cpuidle)
     except OSError:
         return frozenset()
     states = tuple(sorted(name for name in entries if name.startswith("state")))
@@ -248,16 +248,13 @@ class _CacheGroups(msgspec.Struct):
 def _discover_caches(cpu: int, cpu_dir: str, online: int, groups: dict[int, _CacheGroups]) -> None:
     cache_dir = f"{cpu_dir}/cache"
     try:
-        entries = sorted(
-            (e for e in os.scandir(cache_dir) if e.name.startswith("index")),
-            key=lambda e: e.name,
-        )
+        entries = sorted(n for n in os.listdir(cache_dir) if n.startswith("index"))
     except FileNotFoundError:
         return
     except OSError as exc:
         raise TopologyError(f"cannot list {cache_dir}: {exc}", cache_dir) from None
     for entry in entries:
-        index = entry.path
+        index = f"{cache_dir}/{entry}"
         level = _int(f"{index}/level")
         group = groups.get(level)
         if group is None or cpu in group.of_cpu or group.take_named(cpu):
