@@ -1,11 +1,15 @@
-"""What a balloons start does not import: modules needed only off the start path
-(each costs a restart its import time)."""
+"""What a balloons start does not do: import modules needed only off the start
+path (each costs a restart its import time), compile the configuration structs'
+annotations (msgspec reads them at the first decode and again for the schema walk)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+
+import msgspec
+from nri_balloons import config
 
 #: imported only for what a start does not do: difflib for the hint of an
 #: unknown field (~1-2 ms)
@@ -31,3 +35,20 @@ def test_a_start_with_a_valid_configuration_imports_none_of_them() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_configuration_structs_have_evaluated_annotations() -> None:
+    # a string annotation is compiled each time msgspec reads it (twice a start)
+    structs = [
+        v
+        for v in vars(config).values()
+        if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == config.__name__
+    ]
+    assert len(structs) > 20
+    strings = [
+        f"{cls.__name__}.{name}"
+        for cls in structs
+        for name, value in vars(cls).get("__annotations__", {}).items()
+        if isinstance(value, str)
+    ]
+    assert strings == []
