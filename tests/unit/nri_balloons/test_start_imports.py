@@ -7,9 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from types import ModuleType
 
 import msgspec
+import pytest
 from nri_balloons import config
+from nri_sst import messages
 
 #: imported only for what a start does not do: difflib for the hint of an
 #: unknown field (~1-2 ms)
@@ -37,12 +40,14 @@ def test_a_start_with_a_valid_configuration_imports_none_of_them() -> None:
     assert out.stdout.strip() == "[]", out.stderr
 
 
-def test_configuration_structs_have_evaluated_annotations() -> None:
-    # a string annotation is compiled each time msgspec reads it (twice a start)
+@pytest.mark.parametrize("module", [config, messages], ids=lambda m: m.__name__)
+def test_start_structs_have_evaluated_annotations(module: ModuleType) -> None:
+    # a string annotation is compiled each time msgspec reads it: the configuration's
+    # twice a start (decode and schema walk), the helper protocol's at its import
     structs = [
         v
-        for v in vars(config).values()
-        if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == config.__name__
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == module.__name__
     ]
     assert len(structs) > 20
     strings = [
