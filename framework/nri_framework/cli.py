@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from nri_sst.retry import Backoff, Obstacle
 
 from nri_framework import __version__, logsetup
-from nri_framework.cmdline import add_policy_flags, policy_name
+from nri_framework.cmdline import Formatter, add_policy_flags, policy_name
 from nri_framework.configfile import Reloader
 from nri_framework.hookspecs import PolicyError
 from nri_framework.host import PolicyHost
@@ -60,6 +60,7 @@ def add_run_parser(
         help="run a policy as an NRI plugin",
         description="Run a policy as an NRI plugin. run --policy NAME --help also lists "
         "the flags of the policy NAME.",
+        formatter_class=Formatter,
     )
     p.add_argument("--policy", required=True, help="policy name (entry point)")
     p.add_argument(
@@ -296,23 +297,33 @@ def build_parser(
     their help lines (only for the top-level ``--help``). ``commands``: list
     the installed commands at all (``run`` does not need them: their lookup
     would import :mod:`importlib.metadata` before the plugin registers)."""
-    parser = argparse.ArgumentParser(prog="nri-resource-policy", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="nri-resource-policy", description=__doc__, formatter_class=Formatter
+    )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_parser(sub, policy)
-    sub.add_parser("policies", help="list installed policies, versions and hooks")
+    sub.add_parser(
+        "policies", help="list installed policies, versions and hooks", formatter_class=Formatter
+    )
     sim = sub.add_parser(
-        "simulate", help="run Pod YAML through the runtime simulator", add_help=False
+        "simulate",
+        help="run Pod YAML through the runtime simulator",
+        add_help=False,
+        formatter_class=Formatter,
     )
     sim.add_argument("rest", nargs=argparse.REMAINDER)
     inspect = sub.add_parser(
-        "inspect", help="print a running plugin's balloons, containers and CPUs", add_help=False
+        "inspect",
+        help="print a running plugin's balloons, containers and CPUs",
+        add_help=False,
+        formatter_class=Formatter,
     )
     inspect.add_argument("rest", nargs=argparse.REMAINDER)
     for name, ep in (installed_commands() if commands else {}).items():
         if name not in BUILTIN:
             about = describe_command(ep) if describe else f"from {distribution(ep)}"
-            command = sub.add_parser(name, help=about, add_help=False)
+            command = sub.add_parser(name, help=about, add_help=False, formatter_class=Formatter)
             command.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 

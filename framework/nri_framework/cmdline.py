@@ -11,7 +11,9 @@ everything; the host hands the parsed namespace to the policy as
 from __future__ import annotations
 
 import argparse
-from typing import TypeVar
+import os
+import sys
+from typing import Any, TypeVar
 
 import msgspec
 import pluggy
@@ -22,10 +24,40 @@ from nri_framework.hookspecs import PROJECT, PolicyError
 S = TypeVar("S", bound=msgspec.Struct)
 
 
+def terminal_columns() -> int:
+    """The columns :func:`shutil.get_terminal_size` gives (``$COLUMNS`` when a
+    positive integer, else the terminal's of ``sys.__stdout__``, else 80), without
+    importing :mod:`shutil` (its ``bz2`` and ``lzma``: ~2 ms of a start)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        columns = 0
+    return columns or 80
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, its width from :func:`terminal_columns`:
+    argparse's own computes it with :mod:`shutil`, imported at the first
+    ``add_argument`` (which formats the flag to check it). The same text."""
+
+    def __init__(self, prog: str, *args: Any, **kwargs: Any) -> None:
+        if len(args) < 3 and kwargs.get("width") is None:  # argparse: the columns less 2
+            kwargs["width"] = terminal_columns() - 2
+        super().__init__(prog, *args, **kwargs)
+
+
 def policy_name(argv: list[str]) -> str | None:
     """The ``--policy`` of ``run``'s arguments ``argv``, before the policy's
     flags are known (they are left for the full parse)."""
-    first = argparse.ArgumentParser(prog="nri-resource-policy run", add_help=False)
+    first = argparse.ArgumentParser(
+        prog="nri-resource-policy run", add_help=False, formatter_class=Formatter
+    )
     first.add_argument("--policy")
     known, _ = first.parse_known_args(argv)
     name: str | None = known.policy

@@ -138,20 +138,44 @@ def _epp(path: str) -> str:
     return text
 
 
-def _cstate_names(cpuidle: str) -> frozenset[str]:
+IdleStates = dict[tuple[str, ...], frozenset[str]]
+"""The C-state names read so far, by a CPU's ``cpuidle`` state directories (see
+:func:`_cstate_names`)."""
+
+
+def _cstate_names(cpuidle: str, known: IdleStates | None = None) -> frozenset[str]:
     """The cpuidle state names under ``cpuidle`` (each at most
-    :data:`MAX_CSTATE_NAME` characters; an unreadable state is left out)."""
-    found: set[str] = set()
+    :data:`MAX_CSTATE_NAME` characters; an unreadable state is left out).
+
+    ``known``: the names of the CPUs read before, by their state directories. A
+    ``stateN`` directory of a CPU is the ``N``-th state of the CPU's idle driver and
+    its ``name`` that state's name (the kernel's ``cpuidle_add_state_sysfs``), so
+    CPUs of one driver with the same state directories have the same names. A
+    kernel with one idle driver for every CPU has no ``cpuidle/driver`` under any
+    CPU (that directory is made only with ``CONFIG_CPU_IDLE_MULTIPLE_DRIVERS``):
+    such a CPU with the state directories of a CPU read before takes its names
+    without reading them. A CPU that shows a ``driver`` of its own (per-CPU drivers
+    such as ``arm_idle`` share a name, not their states) or new state directories
+    reads its own; names of which one was unreadable are not taken by others."""
     try:
-        states = [e.name for e in os.scandir(cpuidle) if e.name.startswith("state")]
+        entries = os.listdir(cpuidle)
     except OSError:
         return frozenset()
+    states = tuple(sorted(name for name in entries if name.startswith("state")))
+    shared = None if "driver" in entries else known
+    if shared is not None and (names := shared.get(states)) is not None:
+        return names
+    found: set[str] = set()
+    whole = True
     for state in states:
         try:
             found.add(_text(f"{cpuidle}/{state}/name", "replace").strip()[:MAX_CSTATE_NAME])
         except OSError:
-            continue
-    return frozenset(found)
+            whole = False
+    names = frozenset(found)
+    if shared is not None and whole:
+        shared[states] = names
+    return names
 
 
 # ---------------------------------------------------------------------------
@@ -224,16 +248,13 @@ class _CacheGroups(msgspec.Struct):
 def _discover_caches(cpu: int, cpu_dir: str, online: int, groups: dict[int, _CacheGroups]) -> None:
     cache_dir = f"{cpu_dir}/cache"
     try:
-        entries = sorted(
-            (e for e in os.scandir(cache_dir) if e.name.startswith("index")),
-            key=lambda e: e.name,
-        )
+        entries = sorted(n for n in os.listdir(cache_dir) if n.startswith("index"))
     except FileNotFoundError:
         return
     except OSError as exc:
         raise TopologyError(f"cannot list {cache_dir}: {exc}", cache_dir) from None
     for entry in entries:
-        index = entry.path
+        index = f"{cache_dir}/{entry}"
         level = _int(f"{index}/level")
         group = groups.get(level)
         if group is None or cpu in group.of_cpu or group.take_named(cpu):
@@ -394,6 +415,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
     cstates: dict[int, frozenset[str]] = {}
     no_base = 0
     caches = {2: _CacheGroups(2), 3: _CacheGroups(3)}
+    idle_states: IdleStates = {}
     for cpu in cpuset.ids(online):
         cpu_dir = f"{sys_cpu}/cpu{cpu}"
         topo = f"{cpu_dir}/topology"
@@ -424,7 +446,7 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
             base = fmax
         freq[cpu] = CpuFreq(fmin, base, fmax)
         epp[cpu] = _epp(f"{f}/energy_performance_preference")
-        cstates[cpu] = _cstate_names(f"{cpu_dir}/cpuidle")
+        cstates[cpu] = _cstate_names(f"{cpu_dir}/cpuidle", idle_states)
     if no_base:
         log.warning(
             "no cpufreq/base_frequency for CPUs %s; using cpuinfo_max_freq as base",

@@ -15,9 +15,12 @@ Conventions:
 * A client must send :class:`Hello` first; any other request from a peer that
   has not said hello gets ``ErrorReply(code="handshake-required")``.
 * Payloads larger than :data:`MAX_MESSAGE_SIZE` are refused before decoding.
-"""
 
-from __future__ import annotations
+The Structs' annotations are evaluated when the classes are made (no ``from
+__future__ import annotations``): the module's decoders read every message's
+annotations at import, and msgspec compiles each string annotation (~150 here,
+~1.4 ms of every plugin and helper start).
+"""
 
 from typing import Literal
 

@@ -23,9 +23,13 @@ This module holds the msgspec structs of the spec, their defaults and the
 amounts of ``availableResources``/``reservedResources``; the text is parsed
 within bounds by :mod:`nri_balloons.configyaml` (:func:`load_policy`) and
 decoded strictly, with every problem, by :mod:`nri_balloons.configdecode`.
-"""
 
-from __future__ import annotations
+The structs' annotations are evaluated when their classes are made (no
+``from __future__ import annotations``): msgspec reads a struct's annotations
+when it first converts to it and again for :func:`msgspec.inspect.type_info`
+(the schema walk), and each string annotation is compiled anew each time
+(about 300 here: ~2 ms of every start).
+"""
 
 import enum
 from typing import Annotated, Any

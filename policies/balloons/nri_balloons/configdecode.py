@@ -29,7 +29,6 @@ enumerations and ranges are checked afterwards by
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -148,6 +147,8 @@ def _accepts(info: mi.Type, obj: object) -> bool:
 
 
 def _unknown(path: Path, known: list[str]) -> Problem:
+    import difflib  # only for a document with a typo: not on every start (~1-2 ms)
+
     name = str(path[-1])
     guess = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     guess = guess or [k for k in known if k.lower() == name.lower()]

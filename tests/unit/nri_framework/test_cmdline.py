@@ -11,7 +11,13 @@ from pathlib import Path
 import msgspec
 import pytest
 from nri_framework import cli
-from nri_framework.cmdline import add_policy_flags, policy_name, typed_options
+from nri_framework.cmdline import (
+    Formatter,
+    add_policy_flags,
+    policy_name,
+    terminal_columns,
+    typed_options,
+)
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.policies.pinner import Pinner
@@ -145,3 +151,20 @@ def test_unknown_command_names_the_installed_ones(capsys: pytest.CaptureFixture[
         cli.main(["nosuchcommand"])
     assert exc.value.code == 2
     assert "invalid choice: 'nosuchcommand'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("columns", [None, "57", "200", "0", "-3", "x", ""])
+def test_help_width_is_argparse_own(columns: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the formatter's width without shutil is the one argparse computes with it
+    import shutil
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert terminal_columns() == shutil.get_terminal_size().columns
+    assert Formatter("x")._width == argparse.HelpFormatter("x")._width
+    assert Formatter("x", width=33)._width == 33
+    ours = cli.build_parser(commands=False).format_help()
+    monkeypatch.setattr(cli, "Formatter", argparse.HelpFormatter)
+    assert ours == cli.build_parser(commands=False).format_help()

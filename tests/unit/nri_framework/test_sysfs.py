@@ -9,6 +9,7 @@ import pytest
 from nri_framework import sysfs
 from nri_framework.simulate.sysfs import write_topology
 from nri_framework.simulate.topologies import (
+    GNR_CSTATES,
     HYBRID12,
     N4C16,
     N6_HBM_CXL,
@@ -174,8 +175,11 @@ def test_energy_performance_preference(tmp_path: Path) -> None:
 
 
 def _read_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Discovery as before lists named CPUs: every CPU reads each cache index it has."""
+    """Discovery as before lists named CPUs and shared C-state names: every CPU reads
+    each cache index and each C-state name it has."""
     monkeypatch.setattr(sysfs._CacheGroups, "take_named", lambda self, cpu: False)
+    names = sysfs._cstate_names
+    monkeypatch.setattr(sysfs, "_cstate_names", lambda cpuidle, known=None: names(cpuidle))
 
 
 @pytest.mark.parametrize(
@@ -234,3 +238,66 @@ def test_file_past_one_read_read_whole(small: Path) -> None:
     assert len(filler) > sysfs.READ_SIZE
     meminfo.write_text(filler + "Node 1 MemTotal:       1234567 kB\n")
     assert Topology.from_sysfs(small).nodes[1].mem_total_kb == 1234567
+
+
+# -- C-state names: CPUs of one idle driver with the same state directories share them ---
+
+
+@pytest.fixture
+def idle(tmp_path: Path) -> Path:
+    spec = TopologySpec(packages=1, cores_per_node=2, threads_per_core=2, cstates=GNR_CSTATES)
+    return write_topology(tmp_path, spec)
+
+
+def _name(root: Path, cpu: int, state: int) -> Path:
+    return root / CPU / f"cpu{cpu}/cpuidle/state{state}/name"
+
+
+def test_cstate_names_read_once_per_state_directories(
+    idle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one driver (no cpuidle/driver under a CPU), the same state directories: the
+    # names are those of the first CPU read, the others' name files are not opened
+    opened: list[str] = []
+    text = sysfs._text
+    monkeypatch.setattr(sysfs, "_text", lambda path, *a: opened.append(path) or text(path, *a))
+    topology = Topology.from_sysfs(idle)
+    names = {"POLL", *(s.name for s in GNR_CSTATES)}
+    assert all(topology.cpus[cpu].cstates == names for cpu in range(4))
+    assert sorted(p for p in opened if "/cpuidle/" in p) == sorted(
+        str(_name(idle, 0, i)) for i in range(len(names))
+    )
+
+
+def test_cpu_with_other_states_reads_its_own(idle: Path) -> None:
+    # CPU 2 has a state fewer (its last removed): its state directories are not
+    # those read before, so it reads its own names (C1X where the others have C1)
+    last = len(GNR_CSTATES)
+    shutil.rmtree(_name(idle, 2, last).parent)
+    _name(idle, 2, 1).write_text("C1X\n")
+    topology = Topology.from_sysfs(idle)
+    assert topology.cpus[2].cstates == {"POLL", "C1X", *(s.name for s in GNR_CSTATES[1:-1])}
+    assert topology.cpus[1].cstates == topology.cpus[0].cstates
+    assert "C1X" not in topology.cpus[0].cstates
+
+
+def test_cpu_with_its_own_driver_reads_its_own(idle: Path) -> None:
+    # per-CPU idle drivers (cpuidle/driver, CONFIG_CPU_IDLE_MULTIPLE_DRIVERS) may share a
+    # name and not their states: a CPU showing one reads its own names
+    for cpu in range(4):
+        (idle / CPU / f"cpu{cpu}/cpuidle/driver").mkdir()
+        (idle / CPU / f"cpu{cpu}/cpuidle/driver/name").write_text("arm_idle\n")
+    _name(idle, 1, 1).write_text("C1X\n")
+    topology = Topology.from_sysfs(idle)
+    assert "C1X" in topology.cpus[1].cstates and "C1X" not in topology.cpus[0].cstates
+
+
+def test_cstate_names_partly_unreadable_not_shared(idle: Path) -> None:
+    # CPU 0's state 1 name cannot be read: it is left out of CPU 0's names only
+    path = _name(idle, 0, 1)
+    path.unlink()
+    path.mkdir()
+    topology = Topology.from_sysfs(idle)
+    want = {"POLL", *(s.name for s in GNR_CSTATES)}
+    assert topology.cpus[0].cstates == want - {GNR_CSTATES[0].name}
+    assert all(topology.cpus[cpu].cstates == want for cpu in (1, 2, 3))
