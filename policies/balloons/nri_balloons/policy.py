@@ -461,7 +461,9 @@ class BalloonsPolicy:
                 f"cannot create new {quote(bdef.name)} balloon, "
                 f"MaxBalloons limit ({bdef.max_balloons}) reached"
             )
-        instance = next(i for i in range(len(used) + 1) if i not in used)
+        instance = 0  # the lowest one not in use
+        while instance in used:
+            instance += 1
         if bdef.components:
             return new_composite(self, bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
