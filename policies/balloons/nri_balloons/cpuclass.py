@@ -344,8 +344,7 @@ class CpuClassHandler:
                     else:
                         del self._class_cpus[other]
             self._class_cpus[syn] = self._class_cpus.get(syn, 0) | change
-            for cpu in cpuset.ids(change):
-                self.cpu_class[cpu] = syn
+            self.cpu_class.update(dict.fromkeys(cpuset.ids(change), syn))
             self.dirty |= change
 
     def _by_domain(self, cpus: int) -> dict[int, int]:

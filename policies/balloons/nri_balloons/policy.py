@@ -774,7 +774,7 @@ class BalloonsPolicy:
         their pods); sets its ``mems``."""
         opts = self.options[bln.bdef.name]
         pinnable = bln.cpus | bln.shared_idle
-        mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
+        mems = self.memory.nodes_of(pinnable) if opts.pin_memory else 0
         bln.mems = mems
         return (pinnable, mems, opts, type_set(bln.bdef.memory_types), pin_cpu)
 
