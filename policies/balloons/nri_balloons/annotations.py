@@ -19,13 +19,15 @@ SCHEDULING_CLASS = "scheduling-class.resource-policy.nri.io"
 
 def effective(key: str, pod: Pod | None, container: Container) -> str | None:
     """The value of annotation ``key`` for ``container``, or ``None``."""
-    sources = [container.annotations]
-    if pod is not None:
-        sources.insert(0, pod.annotations)
+    own = container.annotations
+    pods = pod.annotations if pod is not None else None
+    if not own and not pods:
+        return None  # nothing to look up (no candidate made)
     for candidate in (f"{key}/container.{container.name}", f"{key}/pod", key):
-        for found in sources:
-            if candidate in found:
-                return found[candidate]
+        if pods and candidate in pods:  # the pod's first
+            return pods[candidate]
+        if own and candidate in own:
+            return own[candidate]
     return None
 
 

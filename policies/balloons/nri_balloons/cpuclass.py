@@ -153,6 +153,24 @@ class _FreqDelta(msgspec.Struct, frozen=True):
     epp: str | None
 
 
+_NO_DELTA = _FreqDelta(None, None, None, None)
+_NOTHING_WRITTEN = _Written()
+"""What :meth:`CpuClassHandler._plan` compares a CPU never written with (never changed)."""
+_WRITTEN_FIELDS = ("min_freq", "max_freq", "governor", "epp", "cstates")
+
+
+def _freq_delta(d: ClassDef, w: _Written) -> _FreqDelta | None:
+    """The cpufreq settings of ``d`` that differ from what ``w`` says was
+    written; ``None`` when none does."""
+    delta = _FreqDelta(
+        min_khz=d.min_freq if d.min_freq and d.min_freq != w.min_freq else None,
+        max_khz=d.max_freq if d.max_freq and d.max_freq != w.max_freq else None,
+        governor=d.governor if d.governor and d.governor != w.governor else None,
+        epp=str(d.epp) if d.epp and str(d.epp) != w.epp else None,
+    )
+    return None if delta == _NO_DELTA else delta
+
+
 class _Plan(msgspec.Struct):
     requests: list[WriteRequest] = msgspec.field(default_factory=list)
     """In order; ``done[i]`` records request ``i`` as written."""
@@ -186,6 +204,10 @@ class CpuClassHandler:
         """domain -> class -> CPU mask"""
         self.winner: dict[int, int] = {}
         self.dirty = 0
+        self._want_cstates: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}
+        """(synthetic class, a CPU's C-states) -> the C-states it disables, sorted
+        (until the classes change: :meth:`configure`; at most one entry per
+        configured class, turbo domain and distinct C-state set of the CPUs)"""
         self.cstates_managed = False
         """True once a class disables C-states: from then on every class writes
         its C-states (an empty list enables them all)."""
@@ -232,6 +254,7 @@ class CpuClassHandler:
             in_domain = self.domain_of[cpu]
             self._domain_cpus[in_domain] = self._domain_cpus.get(in_domain, 0) | 1 << cpu
         self.defs = {}
+        self._want_cstates = {}
         self.dirty |= cpuset.from_ids(c for c, name in self.cpu_class.items() if name)
         self.cpu_class = {}
         self._class_cpus = {}
@@ -321,8 +344,7 @@ class CpuClassHandler:
                     else:
                         del self._class_cpus[other]
             self._class_cpus[syn] = self._class_cpus.get(syn, 0) | change
-            for cpu in cpuset.ids(change):
-                self.cpu_class[cpu] = syn
+            self.cpu_class.update(dict.fromkeys(cpuset.ids(change), syn))
             self.dirty |= change
 
     def _by_domain(self, cpus: int) -> dict[int, int]:
@@ -455,12 +477,15 @@ class CpuClassHandler:
                 log.error("cpuclass: %s refused: %s", _describe(req), answer)
                 continue
             self.requests_sent += 1
+            wrote: list[tuple[str, object]] = []  # the fields of this request's done
             for cpu, done in plan.done[i]:
-                w = self.written.setdefault(cpu, _Written())
-                for attr in ("min_freq", "max_freq", "governor", "epp", "cstates"):
-                    value = getattr(done, attr)
-                    if value is not None:
-                        setattr(w, attr, value)
+                w = self.written.get(cpu)
+                if w is None:
+                    w = self.written[cpu] = _Written()
+                if not wrote:
+                    wrote = [(a, v) for a in _WRITTEN_FIELDS if (v := getattr(done, a)) is not None]
+                for attr, value in wrote:
+                    setattr(w, attr, value)
             u = plan.uncore_done[i]
             if u is not None:
                 self.uncore_written[u[0]] = u[1]
@@ -476,21 +501,19 @@ class CpuClassHandler:
         freq_groups: dict[_FreqDelta, list[int]] = {}
         cstate_groups: dict[tuple[str, ...], list[int]] = {}
         cstate_log: dict[tuple[str, str], int] = {}
+        cpu_class, defs, written = self.cpu_class, self.defs, self.written
+        infos, want_cstates = self.topology.cpus, self._want_cstates
+        nothing = _NOTHING_WRITTEN
         for cpu in cpuset.ids(self.dirty):
-            syn = self.cpu_class.get(cpu, "")
+            syn = cpu_class.get(cpu, "")
             if not syn:
                 continue  # class "": never written (§12.1)
-            d = self.defs.get(syn)
+            d = defs.get(syn)
             if d is None:
                 continue  # an unknown class
-            w = self.written.get(cpu) or _Written()
-            delta = _FreqDelta(
-                min_khz=d.min_freq if d.min_freq and d.min_freq != w.min_freq else None,
-                max_khz=d.max_freq if d.max_freq and d.max_freq != w.max_freq else None,
-                governor=d.governor if d.governor and d.governor != w.governor else None,
-                epp=str(d.epp) if d.epp and str(d.epp) != w.epp else None,
-            )
-            if delta != _FreqDelta(None, None, None, None):
+            w = written.get(cpu) or nothing
+            delta = _freq_delta(d, w) if d.min_freq or d.max_freq or d.governor or d.epp else None
+            if delta is not None:
                 freq_groups.setdefault(delta, []).append(cpu)
                 if debug:
                     log.debug("enforcing cpu frequency from class %s on cpu %d", quote(syn), cpu)
@@ -518,11 +541,15 @@ class CpuClassHandler:
             if self.cstates_managed:
                 # upstream filters the class's names by the C-states the CPU has
                 # (cstates.NewBasicFilter().SetCstateNames): unknown ones are no writes
-                want = tuple(sorted(set(d.disabled_cstates) & self.topology.cpus[cpu].cstates))
+                has = infos[cpu].cstates
+                want = want_cstates.get((syn, has))
+                if want is None:
+                    want = want_cstates[(syn, has)] = tuple(sorted(set(d.disabled_cstates) & has))
                 if want != w.cstates:
                     cstate_groups.setdefault(want, []).append(cpu)
-                    key = (syn, list_v(want))
-                    cstate_log[key] = cstate_log.get(key, 0) | 1 << cpu
+                    if debug:
+                        key = (syn, list_v(want))
+                        cstate_log[key] = cstate_log.get(key, 0) | 1 << cpu
         for delta, cpus in freq_groups.items():
             plan.requests.append(
                 m.SetCpufreq(
@@ -553,9 +580,11 @@ class CpuClassHandler:
 
     def _plan_uncore(self, plan: _Plan) -> None:
         """Per die of a dirty CPU: the highest limits of the classes on the die."""
+        limited = any(d.uncore_min_freq or d.uncore_max_freq for d in self.defs.values())
+        if not limited and not log.isEnabledFor(logging.DEBUG):
+            return  # every die would have "no limits in effect" (a debug line)
         cpus = self.topology.cpus
         dies = {cpus[c].die_key for c in cpuset.ids(self.dirty) if c in cpus}
-        limited = any(d.uncore_min_freq or d.uncore_max_freq for d in self.defs.values())
         for key in sorted(dies):
             lo = hi = 0
             for cpu in cpuset.ids(self.topology.die_masks.get(key, 0) if limited else 0):

@@ -160,6 +160,17 @@ class MemoryPlacer:
         for why in self.allocator.restore(saved, alive):
             log.warning("cannot restore the memory allocation of %s, allocating anew", why)
 
+    def nodes_of(self, cpus: int) -> int:
+        """The nodes holding ``cpus`` (``Topology.closest_nodes``), remembered
+        per CPU set (at most :data:`AFFINITIES_MAX`)."""
+        affinity = self._affinity.get(cpus)
+        if affinity is None:
+            affinity = self.topology.closest_nodes(cpus)
+            if len(self._affinity) >= AFFINITIES_MAX:
+                self._affinity.clear()
+            self._affinity[cpus] = affinity
+        return affinity
+
     def mems(
         self,
         container_id: str,
@@ -194,12 +205,7 @@ class MemoryPlacer:
                     format_types(types),
                     format_types(balloon_types),
                 )
-        affinity = self._affinity.get(cpus)
-        if affinity is None:
-            affinity = self.topology.closest_nodes(cpus)
-            if len(self._affinity) >= AFFINITIES_MAX:
-                self._affinity.clear()
-            self._affinity[cpus] = affinity
+        affinity = self.nodes_of(cpus)
         debug = log.isEnabledFor(logging.DEBUG)
         if debug:
             log.debug(

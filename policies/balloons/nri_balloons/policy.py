@@ -461,7 +461,9 @@ class BalloonsPolicy:
                 f"cannot create new {quote(bdef.name)} balloon, "
                 f"MaxBalloons limit ({bdef.max_balloons}) reached"
             )
-        instance = next(i for i in range(len(used) + 1) if i not in used)
+        instance = 0  # the lowest one not in use
+        while instance in used:
+            instance += 1
         if bdef.components:
             return new_composite(self, bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
@@ -772,7 +774,7 @@ class BalloonsPolicy:
         their pods); sets its ``mems``."""
         opts = self.options[bln.bdef.name]
         pinnable = bln.cpus | bln.shared_idle
-        mems = self.topology.closest_nodes(pinnable) if opts.pin_memory else 0
+        mems = self.memory.nodes_of(pinnable) if opts.pin_memory else 0
         bln.mems = mems
         return (pinnable, mems, opts, type_set(bln.bdef.memory_types), pin_cpu)
 

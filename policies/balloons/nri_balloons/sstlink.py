@@ -465,6 +465,15 @@ def together(*steps: Steps[Any]) -> Steps[list[Any]]:
         for i in range(len(steps)):
             advance(i)  # to its first ask
         while asks:
+            if len(asks) == 1:  # one step still asks: its ask as it is (what follows gives)
+                i = next(iter(asks))
+                try:
+                    reply = yield asks[i]
+                except (WriterUnavailable, WriteRefused) as exc:
+                    advance(i, exc=exc)
+                else:
+                    advance(i, reply)
+                continue
             alone = [i for i, a in asks.items() if _writes(a.request) is None][:1]
             waiting = alone or sorted(asks)
             parts = {i: _writes(asks[i].request) or [] for i in waiting}

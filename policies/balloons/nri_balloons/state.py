@@ -201,6 +201,8 @@ def snapshot(
 
 def _shape(b: Balloon) -> tuple[Any, ...]:
     """What a balloon's part holds (members aside): its CPUs and components'."""
+    if not b.components:  # what the walk gives, without its generators
+        return ((b.bdef.name, b.instance, b.cpus),)
     return tuple((c.bdef.name, c.instance, c.cpus) for c in b.walk())
 
 

@@ -332,6 +332,31 @@ def test_cstates_not_sent_again_for_cpus_whose_cstates_do_not_change() -> None:
     ]
 
 
+def test_reconfigured_class_writes_its_new_cstates() -> None:
+    # the C-states a class disables on a CPU are remembered per class until the
+    # classes change: the same class name with other C-states plans them anew
+    h, rec = handler(cls("lowlat", disabled_cstates=["C8"]))
+    h.use(mask(4, 5), "lowlat")
+    h.commit()
+    assert rec.take() == [m.SetCstates(cpus=[4, 5], disabled=["C8"])]
+    h.configure([cls("lowlat", disabled_cstates=["C4", "C8"])])
+    h.use(mask(4, 5), "lowlat")
+    h.commit()
+    assert rec.take() == [m.SetCstates(cpus=[4, 5], disabled=["C4", "C8"])]
+
+
+def test_debug_lines_of_the_plan_with_debug_on(caplog: pytest.LogCaptureFixture) -> None:
+    # the plan skips what only its debug lines need while debug is off: with
+    # debug on, the C-state and uncore lines are still there (upstream's)
+    caplog.set_level(logging.DEBUG, "cpuclass")
+    h, rec = handler(cls("lowlat", disabled_cstates=["C8", "C4"]))
+    h.use(mask(4, 5), "lowlat")
+    h.commit()
+    assert rec.take() == [m.SetCstates(cpus=[4, 5], disabled=["C4", "C8"])]
+    assert 'cstates: class "lowlat@d0" on cpus 4-5: disable=[C4 C8]' in caplog.messages
+    assert "uncore: pkg/die 0/0: no limits in effect" in caplog.messages
+
+
 def test_cstates_untouched_when_no_class_disables_any() -> None:
     h, rec = handler(cls("idle", min_freq="min"))
     h.use(mask(2, 3), "idle")
