@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import dataclasses
 import functools
 import importlib.util
+import math
 import subprocess
 import sys
 import tempfile
@@ -111,11 +113,58 @@ def _ratio(
     return Figure(key, name, value, "ms", base=base, base_name=base_name)
 
 
+OFF_PATH = 3.0
+"""A plugin's create p50 this many times below the trivial Go plugin's is no
+plugin's: the runtime answered alone (it dropped the plugin, or never sent it
+the requests). Seen once in CI, at 1000 running, after the round's Synchronize."""
+
+#: the figures a round's requests make (its Synchronize, RSS and restart are
+#: measured apart, and stay)
+REQUEST_FIGURES = ("floor.create_", "floor.remove_", "floor.update_", "floor.pct_")
+
+
+def off_path(floor: PeerResult, plugin: PeerResult, what: str) -> dict[int, str]:
+    """running count -> why that round's request figures of ``plugin`` are not
+    a plugin's (its create p50 below the floor's / :data:`OFF_PATH`)."""
+    out = {}
+    for r in plugin.rounds:
+        mine, theirs = r.requests["create"].p50_ms, floor.at(r.running).requests["create"].p50_ms
+        if mine * OFF_PATH < theirs:
+            out[r.running] = (
+                f"NOT MEASURED: {what} was off the request path at {r.running} running "
+                f"(create p50 {mine * 1000:.1f} us, the floor's {theirs * 1000:.1f} us)"
+            )
+    return out
+
+
+def not_measured(rows: list[Figure], why: dict[int, str]) -> list[Figure]:
+    """``rows`` with each request figure of a round in ``why`` made infinite (over
+    any target) and saying why, instead of a number no plugin produced."""
+    out = []
+    for f in rows:
+        n = f.key.rsplit("_", 1)[-1]
+        reason = why.get(int(n)) if n.isdigit() and f.key.startswith(REQUEST_FIGURES) else None
+        if f.key == "floor.create_p50_growth" and why:
+            reason = next(iter(why.values()))
+        out.append(dataclasses.replace(f, value=math.inf, note=reason) if reason else f)
+    return out
+
+
 def figures(
     floor: PeerResult, ours: PeerResult, pct: PeerResult, helper_rss: float
 ) -> list[Figure]:
     """Issue #14's targets, each as a ratio to the floor (or to its own base);
-    the counts outside :data:`TARGETED` are context (a ratio, no target)."""
+    the counts outside :data:`TARGETED` are context (a ratio, no target). A
+    round whose plugin was off the request path is reported as not measured."""
+    why = off_path(floor, ours, "the plugin") | off_path(floor, pct, "the PCT plugin")
+    for reason in why.values():
+        print(reason, file=sys.stderr)
+    return not_measured(_figures(floor, ours, pct, helper_rss), why)
+
+
+def _figures(
+    floor: PeerResult, ours: PeerResult, pct: PeerResult, helper_rss: float
+) -> list[Figure]:
     rows: list[Figure] = []
     counts = [r.running for r in ours.rounds]
     for n in counts:
