@@ -200,14 +200,16 @@ def test_an_interrupted_download_is_not_built_from(
 
 def test_a_round_whose_plugin_was_off_the_request_path_is_not_measured() -> None:
     """The runtime answered alone at 1000 running (seen once in CI: ~4 us creates
-    printed as ok): that round's request figures are over any target and say
-    why; the other rounds, the Synchronize, RSS and restart stay as measured."""
+    printed as ok): the peer counted creates whose reply set no CPUs, so that
+    round's request figures are over any target and say why; the other rounds,
+    the Synchronize, RSS and restart stay as measured."""
     floor, pct = parsed(peer_doc(0.2)), parsed(peer_doc(0.5))
     doc = peer_doc(0.5)
-    alone = {"count": 100, "p50_ms": 0.004, "p99_ms": 0.006}
+    alone = {"count": 200, "p50_ms": 0.004, "p99_ms": 0.006}
     doc["rounds"][3]["requests"] = {  # type: ignore[index]
         k: alone for k in ("create", "create_hp", "create_lp", "update", "stop", "remove")
     }
+    doc["rounds"][3]["unadjusted_creates"] = 7  # type: ignore[index]
     figs = by_key(bench_floor.figures(floor, parsed(doc), pct, helper_rss=20.0))
     for key in (
         "floor.create_p50_1000",
@@ -219,7 +221,17 @@ def test_a_round_whose_plugin_was_off_the_request_path_is_not_measured() -> None
     ):
         assert figs[key].value == math.inf, key
         assert "off the request path at 1000 running" in figs[key].note, key
+        assert "7 of 200 creates came back without its CPU set" in figs[key].note, key
         assert figs[key].value > figs[key].target if figs[key].target else True
     for key in ("floor.create_p50_500", "floor.sync_1000", "floor.restart_1000"):
         assert math.isfinite(figs[key].value), key
     assert figs["floor.create_p50_500"].ratio == pytest.approx(2.5)
+
+
+def test_a_fast_round_whose_creates_were_all_pinned_is_measured() -> None:
+    """Only the peer's count of unpinned creates takes a round off: a fast
+    plugin (here 1/50 of the floor) is measured, not guessed away."""
+    floor, pct = parsed(peer_doc(0.2)), parsed(peer_doc(0.5))
+    figs = by_key(bench_floor.figures(floor, parsed(peer_doc(0.004)), pct, helper_rss=20.0))
+    assert figs["floor.create_p50_1000"].value == pytest.approx(0.008)
+    assert "NOT MEASURED" not in figs["floor.create_p50_1000"].note

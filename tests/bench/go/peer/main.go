@@ -14,6 +14,9 @@
 // per N, p50/p99 (in ms) of every request kind, split by pod class for create.
 // "{running}" in the plugin command is replaced by N (a state directory per round).
 //
+// Before timing, it waits until a create reaches the plugin (onPath), and it
+// counts the timed creates whose reply set no CPUs (unadjusted_creates).
+//
 // Ours, small; it asserts nothing. Usage:
 //
 //	peer -socket /tmp/x/nri.sock -running 0,100,500,1000 -cycles 100 -- plugin args...
@@ -57,6 +60,10 @@ type Round struct {
 	Restart     *float64         `json:"restart_ms,omitempty"`
 	RestartSync *float64         `json:"restart_synchronize_ms,omitempty"`
 	PluginRSS   float64          `json:"plugin_rss_mb"`
+	// Unadjusted counts the timed creates whose reply carried no CPU set: the
+	// adaptation answered them without the plugin (it closed the plugin on a
+	// fatal error, logged on stderr, or had not added it yet).
+	Unadjusted int `json:"unadjusted_creates"`
 }
 
 // Result is the document printed on stdout.
@@ -74,6 +81,15 @@ type runtime struct {
 	nri      *nri.Adaptation
 	synced   chan float64 // the Synchronize round trip of each (re)registration
 	syncErrs chan error
+	// creates answered without a CPU set since the last reset
+	unadjusted int
+}
+
+// pinned: the create's reply sets the container's CPUs, as every plugin the
+// peer drives does (balloons, and the floor's fixed CPUs).
+func pinned(rsp *nri.CreateContainerResponse) bool {
+	adj := rsp.GetAdjust()
+	return adj.GetLinux().GetResources().GetCpu().GetCpus() != ""
 }
 
 func cpuResources(shares uint64, quota int64) *nri.LinuxResources {
@@ -217,12 +233,17 @@ func (r *runtime) cycle(ctx context.Context, pod *nri.PodSandbox, res *nri.Linux
 	if err := r.nri.RunPodSandbox(ctx, &nri.StateChangeEvent{Pod: pod}); err != nil {
 		return err
 	}
+	var created *nri.CreateContainerResponse
 	err := timed("create_"+class, func() error {
-		_, err := r.nri.CreateContainer(ctx, &nri.CreateContainerRequest{Pod: pod, Container: ctr})
+		var err error
+		created, err = r.nri.CreateContainer(ctx, &nri.CreateContainerRequest{Pod: pod, Container: ctr})
 		return err
 	})
 	if err != nil {
 		return err
+	}
+	if !pinned(created) {
+		r.unadjusted++
 	}
 	if err := event(r.nri.PostCreateContainer); err != nil {
 		return err
@@ -263,6 +284,29 @@ func (r *runtime) cycle(ctx context.Context, pod *nri.PodSandbox, res *nri.Linux
 	return r.nri.RemovePodSandbox(ctx, &nri.StateChangeEvent{Pod: pod})
 }
 
+// onPath drives untimed probe pods until a create comes back pinned. NRI's
+// adaptation adds a plugin to the ones it asks only after the Synchronize
+// callback has returned, and waitSynced wakes first: without this wait a whole
+// round could run before the plugin is added (seen: every create of a round at
+// 1000 running answered by the runtime alone in ~1 us).
+func (r *runtime) onPath(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for i := 0; ; i++ {
+		before := r.unadjusted
+		pod := newPod(fmt.Sprintf("p%d", i), "burstable/", nil)
+		if err := r.cycle(ctx, pod, cpuResources(204, 0), map[string][]float64{}, "probe"); err != nil {
+			return err
+		}
+		if r.unadjusted == before {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the plugin got no request after its Synchronize")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // round measures one count of running containers; restart: also a plugin restart.
 func round(socket string, running, cycles, warmup int, restart bool, args []string, logFile *os.File, timeout time.Duration) (*Round, error) {
 	r := &runtime{synced: make(chan float64, 4), syncErrs: make(chan error, 4)}
@@ -295,12 +339,16 @@ func round(socket string, running, cycles, warmup int, restart bool, args []stri
 	}
 	out.Registered = msSince(t0)
 	ctx := context.Background()
+	if err := r.onPath(ctx, timeout); err != nil {
+		return nil, err
+	}
 	times := map[string][]float64{}
 	hp := map[string]string{balloonKey: "hp-bln"}
 	lp := map[string]string{balloonKey: "lp-bln"}
 	for i := -warmup; i < cycles; i++ {
 		if i == 0 {
 			times = map[string][]float64{} // the warm-up cycles are not counted
+			r.unadjusted = 0
 		}
 		if err := r.cycle(ctx, newPod(fmt.Sprintf("h%d", i), "", hp), cpuResources(2048, 200000), times, "hp"); err != nil {
 			return nil, err
@@ -314,6 +362,7 @@ func round(socket string, running, cycles, warmup int, restart bool, args []stri
 		out.Requests[kind] = Stats{len(samples), quantile(samples, 0.5), quantile(samples, 0.99)}
 	}
 	out.PluginRSS = p.rssMB()
+	out.Unadjusted = r.unadjusted
 	if restart {
 		p.stop()
 		t1 := time.Now()
