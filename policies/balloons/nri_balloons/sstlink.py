@@ -15,7 +15,10 @@ that point. Two drivers run steps:
 * :func:`exchange_async`, for the plugin's background work (re-programming
   SST after a restarted helper, retries while it is away, the periodic
   probe): an asyncio task awaiting the asyncio client, with the longer
-  timeouts SoC-wide operations need, never blocking the event loop.
+  timeouts SoC-wide operations need, never blocking the event loop. Its
+  retries pause in a :class:`Backoff`, which the periodic probe cuts short:
+  a helper back (or gone) is noticed at the probe's pace, whatever the
+  backoff has grown to.
 
 A decision's writes go in one round trip: steps yield an ``Apply`` of their
 independent writes, and :func:`together` runs several steps side by side,
@@ -32,6 +35,7 @@ in when there is no ``--sst-helper``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Generator
@@ -427,6 +431,33 @@ async def exchange_async(steps: Steps[T], writer: Writer) -> T:
         return result
     finally:
         steps.close()
+
+
+class Backoff:
+    """The pause of a background task between its attempts with a helper that
+    did not answer, cut short by :meth:`wake` (the periodic probe: it is time
+    to ask again). A wake while nobody pauses cuts the next pause: a probe
+    that came while an attempt was on the way is not lost."""
+
+    def __init__(self) -> None:
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    async def until_woken(self, seconds: float) -> bool:
+        """Pause at most ``seconds``; True when woken before."""
+        try:
+            await asyncio.wait_for(self._woken.wait(), seconds)
+        except TimeoutError:
+            return False
+        finally:
+            self._woken.clear()
+        return True
+
+    async def pause(self, seconds: float) -> None:
+        """:meth:`until_woken` as a plain pause (cpupriority.rediscover's)."""
+        await self.until_woken(seconds)
 
 
 def _writes(request: m.Request) -> list[m.ApplyItem] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from balloons_e2e import until
+from faults import helper_punits, sst_not_programmed
 from nri_balloons.sstlink import REPLY_BUDGET
 from nri_framework import cpuset
 from nri_framework.simulate.runtime import SimulatedRuntime
@@ -181,3 +182,87 @@ async def test_restarted_helper_with_programmed_sst_is_not_reset() -> None:
             assert {c for c, k in clos.items() if k != 3} <= cores(hp_after), clos
         final = await clos_of(n)
         assert {c for c, k in final.items() if k == 0} == cores(hp | hp_after)
+
+
+BACKOFF = 60.0
+"""Seconds the plugin's background backs off after a failed commit in the
+tests below (RETRY_MIN and RETRY_MAX set so in the plugin process): far past
+their bounds, so that only the probe can bring the background back in time."""
+NOTICED = 10.0
+"""Seconds (a liveness bound) for the plugin to notice an outage or a
+restarted helper while its background backs off: PROBE_INTERVAL paced."""
+
+
+def backing_off(cmd: list[str]) -> list[str]:
+    """The plugin's command with the background's backoff at :data:`BACKOFF`
+    seconds (the module's constants set before the real entry point runs)."""
+    assert cmd[1:3] == ["-m", "nri_framework"], cmd
+    code = (
+        "import sys; import nri_balloons.plugin as p; "
+        f"p.RETRY_MIN = p.RETRY_MAX = {BACKOFF!r}; "
+        "from nri_framework.launch import main; sys.exit(main())"
+    )
+    return [cmd[0], "-c", code, *cmd[3:]]
+
+
+async def test_restarted_helper_is_programmed_while_the_background_backs_off() -> None:
+    """The fault suite's seed 2210258062: the helper SIGSTOPped, so that a
+    create's request and then the background's time out (the background now
+    in its backoff); then SIGKILLed and started again with SST as the BIOS
+    left it. The restarted helper is found and programmed at the probe's
+    pace, not after the backoff: every punit programmed, the HP cores on the
+    HP CLOS."""
+    async with node(SPEC, topology="xeon-6776p", command=backing_off) as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        hp = await n.create_from("pct-hp-1", EXAMPLES / "pod-hp-1.yaml")
+        assert n.helper.proc is not None
+        since = n.mark()
+        n.helper.proc.send_signal(signal.SIGSTOP)
+        hp |= await n.create("hp-stopped", "hp-bln", cpu="2")
+        await n.plugin.wait_output("pct: SST helper unavailable:", timeout=5)
+        # the background's own commit timed out too: it backs off now
+        await until(
+            lambda: bool(n.lines("cpuclass: SST helper still unavailable", since)),
+            "the background's commit to time out",
+            10,
+        )
+        n.helper.kill()  # stopped: SIGKILL still ends it
+        n.helper.state.unlink(missing_ok=True)  # SST as the BIOS left it
+        n.helper.start()
+        await n.plugin.wait_output("pct: SST helper is back", timeout=NOTICED)
+        assert not sst_not_programmed(await helper_punits(n.helper.endpoint))
+        clos = await clos_of(n)
+        assert {c for c, k in clos.items() if k == 0} == cores(hp)
+
+
+LP_CSTATES = SPEC.replace(
+    "    pctMaxFreq: base\n", "    pctMaxFreq: base\n    disabledCstates: [C6]\n", 1
+)
+"""The spec's policy with C-state settings for its LP class too."""
+
+
+async def test_outage_is_reported_when_pct_has_nothing_to_send() -> None:
+    """A create while the helper is dead whose cores are on their CLOS
+    already (an LP pod: LP and idle CPUs share CLOS 3) sends only its
+    C-state settings; their failure leaves the background backing off. PCT
+    is still reported degraded (its ERROR line) at the probe's pace, and is
+    back when a helper is."""
+    assert LP_CSTATES != SPEC
+    async with node(LP_CSTATES, topology="xeon-6776p", command=backing_off) as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        await n.create_from("pct-hp-1", EXAMPLES / "pod-hp-1.yaml")
+        lp = await n.create_from("pct-lp", EXAMPLES / "pod-lp.yaml")
+        await n.plugin.wait_output(
+            f"pct: associated cpus {cpuset.format(cpuset.from_ids(lp))} to CLOS 3", 10
+        )
+        since = n.mark()
+        n.helper.kill()
+        more = await n.create("lp-dead", "lp-bln", cpu="2")
+        assert more and more - lp  # the LP balloon grew: C-state settings to send
+        await n.plugin.wait_output("cpuclass: SST helper unavailable:", timeout=5)
+        assert not n.lines("pct: SST helper unavailable:", since)  # PCT sent nothing
+        await n.plugin.wait_output("pct: SST helper unavailable:", timeout=NOTICED)
+        n.helper.start()
+        await n.plugin.wait_output("pct: SST helper is back", timeout=NOTICED)
+        clos = await clos_of(n, more)
+        assert set(clos.values()) == {3}
