@@ -10,7 +10,7 @@ import asyncio
 import re
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from faults import helper_punits, sst_not_programmed
 from nri_balloons.sstlink import REPLY_BUDGET
 from nri_framework import cpuset
 from nri_framework.simulate.runtime import SimulatedRuntime
+from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_sst import messages as m
 from nri_sst.backends.sim import SimBackend
 from nri_sst.client import HelperClient, HelperUnavailable
@@ -193,16 +194,23 @@ NOTICED = 10.0
 restarted helper while its background backs off: PROBE_INTERVAL paced."""
 
 
-def backing_off(cmd: list[str]) -> list[str]:
-    """The plugin's command with the background's backoff at :data:`BACKOFF`
-    seconds (the module's constants set before the real entry point runs)."""
-    assert cmd[1:3] == ["-m", "nri_framework"], cmd
-    code = (
-        "import sys; import nri_balloons.plugin as p; "
-        f"p.RETRY_MIN = p.RETRY_MAX = {BACKOFF!r}; "
-        "from nri_framework.launch import main; sys.exit(main())"
-    )
-    return [cmd[0], "-c", code, *cmd[3:]]
+def with_backoff(module: str, low: str, high: str) -> Callable[[list[str]], list[str]]:
+    """The plugin's command with the backoff ``module.low``..``module.high``
+    at :data:`BACKOFF` seconds (set before the real entry point runs)."""
+
+    def command(cmd: list[str]) -> list[str]:
+        assert cmd[1:3] == ["-m", "nri_framework"], cmd
+        code = (
+            f"import sys; import {module} as p; p.{low} = p.{high} = {BACKOFF!r}; "
+            "from nri_framework.launch import main; sys.exit(main())"
+        )
+        return [cmd[0], "-c", code, *cmd[3:]]
+
+    return command
+
+
+backing_off = with_backoff("nri_balloons.plugin", "RETRY_MIN", "RETRY_MAX")
+"""The background's backoff (after a failed commit)."""
 
 
 async def test_restarted_helper_is_programmed_while_the_background_backs_off() -> None:
@@ -266,3 +274,27 @@ async def test_outage_is_reported_when_pct_has_nothing_to_send() -> None:
         await n.plugin.wait_output("pct: SST helper is back", timeout=NOTICED)
         clos = await clos_of(n, more)
         assert set(clos.values()) == {3}
+
+
+async def test_cpu_priorities_of_a_helper_away_at_start_come_at_the_probes_pace() -> None:
+    """The plugin started while the helper was SIGSTOPped reads its CPU
+    priorities later (cpupriority.rediscover); once its rediscovery backs
+    off, the helper SIGCONTed is asked again at the probe's pace, not after
+    the backoff (LATE_RETRY_MIN..MAX)."""
+    command = with_backoff("nri_balloons.cpupriority", "LATE_RETRY_MIN", "LATE_RETRY_MAX")
+    async with node(SPEC, topology="xeon-6776p", log_level="debug", command=command) as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        await n.plugin.stop()
+        assert n.helper.proc is not None
+        n.helper.proc.send_signal(signal.SIGSTOP)
+        try:
+            n.plugin = await PluginProcess.launch(n.cmd)
+            await wait_registered(n.rt, n.plugin, 20)
+            await n.plugin.wait_output("CPU priorities: cannot read SST status", timeout=10)
+            await n.create("hp-away", "hp-bln", cpu="2")  # the rediscovery starts
+            await n.plugin.wait_output("CPU priorities: SST helper still away", timeout=10)
+        finally:
+            n.helper.proc.send_signal(signal.SIGCONT)
+        await n.plugin.wait_output(
+            "CPU priorities: SST status read from the SST helper after start", timeout=NOTICED
+        )
