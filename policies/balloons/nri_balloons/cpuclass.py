@@ -56,6 +56,7 @@ from nri_balloons.sstlink import (
     WriterUnavailable,
     exchange,
     item_replies,
+    sidecar_awaited,
     together,
 )
 
@@ -463,6 +464,8 @@ class CpuClassHandler:
             self.dirty |= batch  # nothing of it is known written: it all goes again
             if isinstance(exc, BudgetSpent):
                 log.debug("cpuclass: %s; the rest is written in the background", exc)
+            elif sidecar_awaited(self.writer):  # nothing written yet: all is dirty still
+                log.debug("cpuclass: SST helper not there yet: %s", exc)
             elif not self.degraded:
                 log.error("cpuclass: SST helper unavailable: %s", exc)
                 self.degraded = True

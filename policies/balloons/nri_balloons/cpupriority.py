@@ -305,12 +305,16 @@ async def rediscover(
     path: asked every :data:`LATE_RETRY_MIN` seconds, doubling up to
     :data:`LATE_RETRY_MAX`, until it answers; None when it then reports no SST
     that prioritises CPUs, or refuses (the start's cpufreq priorities stay).
-    ``pause`` awaits between the attempts."""
+    ``pause`` awaits between the attempts (the plugin's is cut short by its
+    periodic probe: :class:`nri_balloons.sstlink.Backoff`)."""
     delay = LATE_RETRY_MIN
     while True:
         try:
             sst = await exchange_async(discover_steps(), writer)
-        except WriterUnavailable:
+        except WriterUnavailable as exc:
+            log.debug(
+                "CPU priorities: SST helper still away (%s); asking again in %.1fs", exc, delay
+            )
             await pause(delay)
             delay = min(delay * 2, LATE_RETRY_MAX)
             continue

@@ -24,7 +24,14 @@ from nri_framework.topology import Topology
 from nri_sst import messages as m
 
 from nri_balloons.pctplan import Plan, Punit
-from nri_balloons.sstlink import Ask, BudgetSpent, Steps, Writer, WriterUnavailable
+from nri_balloons.sstlink import (
+    Ask,
+    BudgetSpent,
+    Steps,
+    Writer,
+    WriterUnavailable,
+    sidecar_awaited,
+)
 
 log = logging.getLogger("cpuclass")
 
@@ -140,6 +147,8 @@ class PctState:
         self.teardown_pending = False
         """managed mode was left by the configuration; SST is reset by the next flush"""
         self.degraded = False
+        self.unreported = False
+        """degraded while the helper was awaited (a WARNING, no ERROR yet)"""
         self.instance = ""
         """the helper process that answered the last request"""
         self.programmed_instance: str | None = None
@@ -221,16 +230,29 @@ class PctState:
         """The helper did not answer: decisions are still recorded, and what
         is pending is sent when it is back (SST programmed again only if it
         is another helper process then). A spent reply budget is not an
-        outage: the background just goes on."""
+        outage: the background just goes on. One ERROR per outage; while the
+        helper is awaited at start (:data:`~nri_balloons.sstlink.START_GRACE`)
+        a WARNING instead, and the ERROR once it is not awaited any more."""
         if isinstance(exc, BudgetSpent):
             log.info("pct: %s; SST is programmed in the background", exc)
             return
-        if not self.degraded:
+        if sidecar_awaited(self.writer):
+            if not self.degraded:
+                log.warning(
+                    "pct: SST helper not there yet: %s; Priority Core Turbo waits for it "
+                    "(containers are still created and pinned)",
+                    exc,
+                )
+                self.unreported = True
+            self.degraded = True
+            return
+        if not self.degraded or self.unreported:
             log.error(
                 "pct: SST helper unavailable: %s; Priority Core Turbo is degraded (containers are "
                 "still created and pinned; SST is programmed again when the helper is back)",
                 exc,
             )
+        self.unreported = False
         self.degraded = True
 
     # -- plan and punits --------------------------------------------------------------

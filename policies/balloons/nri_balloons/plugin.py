@@ -52,6 +52,7 @@ from nri_balloons.nrt import zones
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.sstlink import (
     REPLY_BUDGET,
+    Backoff,
     Budget,
     Exchange,
     Steps,
@@ -77,7 +78,10 @@ PROBE_INTERVAL = 1.0
 programmed on (a restarted helper may come back with SST reset), off the
 reply path, one ``GetAssociation`` of one CPU. It is also how a dead helper
 is noticed (``pct_degraded``) while decisions send it nothing (cores already
-on their CLOS): within about a second."""
+on their CLOS): within about a second. While the background backs off after
+a failed commit, the probe cuts its pause short instead (and the background
+probes first): a helper gone or back is noticed at this pace, whatever the
+backoff has grown to."""
 CONFIG_TIMEOUT = 1.0
 """Per helper request off the reply path: the background's commits, and the
 configuration applied at start-up before the event loop runs."""
@@ -87,7 +91,9 @@ configuration uses ``irqClaim``/``irqMode`` (the start-up discovery has waited
 for the helper already; an absent one is listed later)."""
 RETRY_MIN = 0.5
 RETRY_MAX = 10.0
-"""Seconds between background commits while the SST helper is away (doubling)."""
+"""Seconds between background commits while the SST helper is away
+(doubling): how often a failing helper is asked when nothing else asks
+(the probe, while PCT is configured, asks every PROBE_INTERVAL)."""
 ALL_LOGGERS = ("policy", "cpuclass", "irq", "libmem", "nri_framework")
 MAX_REPORTED = 20
 """Errors (and warnings) of one configuration that are reported."""
@@ -120,6 +126,10 @@ class Balloons:
         """the background commit (see "cpuClasses and the SST helper")"""
         self._steps: Steps[Any] | None = None
         """the steps the background awaits"""
+        self.retry = Backoff()
+        """the background's pause after a failed commit (the probe cuts it short)"""
+        self.rediscovery_retry = Backoff()
+        """the CPU priorities' rediscovery's pause (the probe cuts it short)"""
         self.frequencies = BusyFrequency()
         """the helper's frequency readings of each scrape (nri_balloons.busyfreq)"""
         self.probe: asyncio.TimerHandle | None = None
@@ -331,7 +341,10 @@ class Balloons:
     async def _settle(self, probe: bool) -> None:
         """The background: commit everything, CONFIG_TIMEOUT per request,
         until no decision waits; while the helper is away again after a
-        growing delay. ``probe``: first ask whether anything is needed."""
+        growing delay, cut short by the probe (then PCT's probe goes first:
+        an outage or a restarted helper is noticed even when the commit has
+        nothing of PCT to send). ``probe``: first ask whether anything is
+        needed."""
         assert self.policy is not None
         handler = self.policy.cpu_classes
         delay = RETRY_MIN
@@ -353,7 +366,8 @@ class Balloons:
                             self.host.changed()
                         return
                     continue  # decisions taken meanwhile
-                await asyncio.sleep(delay)
+                if await self.retry.until_woken(delay):
+                    await self._exchange(handler.pct.probe_steps())
                 delay = min(delay * 2, RETRY_MAX)
         finally:
             if self.background is asyncio.current_task():
@@ -365,7 +379,9 @@ class Balloons:
         assert self.policy is not None
         writer = HelperWriter(self.options.sst_helper)
         try:
-            prios = await cpupriority.rediscover(self.policy.topology, writer)
+            prios = await cpupriority.rediscover(
+                self.policy.topology, writer, self.rediscovery_retry.pause
+            )
         finally:
             writer.close()
         self.sst_missed = False
@@ -374,11 +390,16 @@ class Balloons:
 
     def _probe(self) -> None:
         """Every PROBE_INTERVAL while PCT is configured: a restarted helper
-        is noticed (and programmed again) even when no container changes."""
+        is noticed (and programmed again) even when no container changes; a
+        background or a rediscovery that backs off is woken."""
         self.probe = None
         if self.policy is None or not self.policy.cpu_classes.pct.wanted_mode:
             return
-        self._start_background(probe=True)
+        self.rediscovery_retry.wake()
+        if self.background is None:
+            self._start_background(probe=True)
+        else:
+            self.retry.wake()
         self.probe = asyncio.get_running_loop().call_later(PROBE_INTERVAL, self._probe)
 
     # -- configuration -----------------------------------------------------------

@@ -15,7 +15,10 @@ that point. Two drivers run steps:
 * :func:`exchange_async`, for the plugin's background work (re-programming
   SST after a restarted helper, retries while it is away, the periodic
   probe): an asyncio task awaiting the asyncio client, with the longer
-  timeouts SoC-wide operations need, never blocking the event loop.
+  timeouts SoC-wide operations need, never blocking the event loop. Its
+  retries pause in a :class:`Backoff`, which the periodic probe cuts short:
+  a helper back (or gone) is noticed at the probe's pace, whatever the
+  backoff has grown to.
 
 A decision's writes go in one round trip: steps yield an ``Apply`` of their
 independent writes, and :func:`together` runs several steps side by side,
@@ -32,6 +35,7 @@ in when there is no ``--sst-helper``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Generator
@@ -58,6 +62,13 @@ REPLY_BUDGET = DEFAULT_TIMEOUT / 2
 the 100 ms a container's reply may take, so that the reply (the policy's
 own work included) stays within it while the helper is away or hung; a
 healthy helper answers in well under a millisecond."""
+START_GRACE = 20.0
+"""Seconds from the plugin's start during which a helper that has not
+answered yet is awaited rather than missing: its sidecar may start after the
+plugin's container (the chart's does). Failures meanwhile are logged as a
+WARNING (PCT is reported degraded all the same); the ERROR comes only if it
+still does not answer after that. A helper that answered once is never
+awaited again: its outage is an ERROR at once."""
 
 
 class WriterUnavailable(Exception):
@@ -149,10 +160,17 @@ class HelperWriter:
     blocks (each call ends at its timeout, ``timeout`` by default);
     :meth:`request_async` awaits, on a session of its own."""
 
-    def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.instance = ""
+        self._clock = clock
+        self._started = clock()
         self._client: SyncHelperClient | None = None
         self._async: HelperClient | None = None
 
@@ -199,6 +217,11 @@ class HelperWriter:
         finally:
             self.instance = self._async.instance or self.instance
 
+    def awaited(self) -> bool:
+        """No helper process has answered yet, and this writer (the plugin)
+        started less than :data:`START_GRACE` ago."""
+        return not self.instance and self._clock() - self._started < START_GRACE
+
     def supports(self, capability: str) -> bool:
         return any(
             c is not None and c.hello is not None and capability in c.hello.capabilities
@@ -210,6 +233,13 @@ class HelperWriter:
             if client is not None:
                 client.close()
         self._client = self._async = None
+
+
+def sidecar_awaited(writer: Writer) -> bool:
+    """``writer``'s helper is awaited (:meth:`HelperWriter.awaited`): its
+    failures are not an outage to log as an ERROR yet. Only a helper's
+    socket is awaited (no stand-in is)."""
+    return isinstance(writer, HelperWriter) and writer.awaited()
 
 
 class Budget:
@@ -427,6 +457,33 @@ async def exchange_async(steps: Steps[T], writer: Writer) -> T:
         return result
     finally:
         steps.close()
+
+
+class Backoff:
+    """The pause of a background task between its attempts with a helper that
+    did not answer, cut short by :meth:`wake` (the periodic probe: it is time
+    to ask again). A wake while nobody pauses cuts the next pause: a probe
+    that came while an attempt was on the way is not lost."""
+
+    def __init__(self) -> None:
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    async def until_woken(self, seconds: float) -> bool:
+        """Pause at most ``seconds``; True when woken before."""
+        try:
+            await asyncio.wait_for(self._woken.wait(), seconds)
+        except TimeoutError:
+            return False
+        finally:
+            self._woken.clear()
+        return True
+
+    async def pause(self, seconds: float) -> None:
+        """:meth:`until_woken` as a plain pause (cpupriority.rediscover's)."""
+        await self.until_woken(seconds)
 
 
 def _writes(request: m.Request) -> list[m.ApplyItem] | None:

@@ -181,9 +181,11 @@ async def node(
     helper_args: tuple[str, ...] = (),
     runtime: Callable[[Path], SimulatedRuntime] = SimulatedRuntime,
     plugin_args: tuple[str, ...] = (),
+    command: Callable[[list[str]], list[str]] | None = None,
 ) -> AsyncIterator[Node]:
     """``runtime`` makes the simulator from its socket path (a subclass with
-    kill points, say); ``plugin_args`` go to the end of the plugin's command."""
+    kill points, say); ``plugin_args`` go to the end of the plugin's command;
+    ``command`` rewrites that command (a module's constants set, say)."""
     work = Path(tempfile.mkdtemp(prefix="cpuclass-"))
     host_root = write_topology(work / "host", topology)
     cfg = work / "balloons.yaml"
@@ -194,6 +196,8 @@ async def node(
         async with runtime(work / "nri.sock") as rt:
             cmd = plugin_command(work / "nri.sock", host_root, work / "state", cfg)
             cmd += ["--sst-helper", helper.endpoint, "--log-level", log_level, *plugin_args]
+            if command is not None:
+                cmd = command(cmd)
             n = Node(rt, await PluginProcess.launch(cmd), helper, host_root, work, cmd=cmd)
             try:
                 await wait_registered(rt, n.plugin, 10)

@@ -10,14 +10,16 @@ import asyncio
 import re
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 from balloons_e2e import until
+from faults import helper_punits, sst_not_programmed
 from nri_balloons.sstlink import REPLY_BUDGET
 from nri_framework import cpuset
 from nri_framework.simulate.runtime import SimulatedRuntime
+from nri_framework.simulate.scenario import PluginProcess, wait_registered
 from nri_sst import messages as m
 from nri_sst.backends.sim import SimBackend
 from nri_sst.client import HelperClient, HelperUnavailable
@@ -181,3 +183,118 @@ async def test_restarted_helper_with_programmed_sst_is_not_reset() -> None:
             assert {c for c, k in clos.items() if k != 3} <= cores(hp_after), clos
         final = await clos_of(n)
         assert {c for c, k in final.items() if k == 0} == cores(hp | hp_after)
+
+
+BACKOFF = 60.0
+"""Seconds the plugin's background backs off after a failed commit in the
+tests below (RETRY_MIN and RETRY_MAX set so in the plugin process): far past
+their bounds, so that only the probe can bring the background back in time."""
+NOTICED = 10.0
+"""Seconds (a liveness bound) for the plugin to notice an outage or a
+restarted helper while its background backs off: PROBE_INTERVAL paced."""
+
+
+def with_backoff(module: str, low: str, high: str) -> Callable[[list[str]], list[str]]:
+    """The plugin's command with the backoff ``module.low``..``module.high``
+    at :data:`BACKOFF` seconds (set before the real entry point runs)."""
+
+    def command(cmd: list[str]) -> list[str]:
+        assert cmd[1:3] == ["-m", "nri_framework"], cmd
+        code = (
+            f"import sys; import {module} as p; p.{low} = p.{high} = {BACKOFF!r}; "
+            "from nri_framework.launch import main; sys.exit(main())"
+        )
+        return [cmd[0], "-c", code, *cmd[3:]]
+
+    return command
+
+
+backing_off = with_backoff("nri_balloons.plugin", "RETRY_MIN", "RETRY_MAX")
+"""The background's backoff (after a failed commit)."""
+
+
+async def test_restarted_helper_is_programmed_while_the_background_backs_off() -> None:
+    """The fault suite's seed 2210258062: the helper SIGSTOPped, so that a
+    create's request and then the background's time out (the background now
+    in its backoff); then SIGKILLed and started again with SST as the BIOS
+    left it. The restarted helper is found and programmed at the probe's
+    pace, not after the backoff: every punit programmed, the HP cores on the
+    HP CLOS."""
+    async with node(SPEC, topology="xeon-6776p", command=backing_off) as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        hp = await n.create_from("pct-hp-1", EXAMPLES / "pod-hp-1.yaml")
+        assert n.helper.proc is not None
+        since = n.mark()
+        n.helper.proc.send_signal(signal.SIGSTOP)
+        hp |= await n.create("hp-stopped", "hp-bln", cpu="2")
+        await n.plugin.wait_output("pct: SST helper unavailable:", timeout=5)
+        # the background's own commit timed out too: it backs off now
+        await until(
+            lambda: bool(n.lines("cpuclass: SST helper still unavailable", since)),
+            "the background's commit to time out",
+            10,
+        )
+        n.helper.kill()  # stopped: SIGKILL still ends it
+        n.helper.state.unlink(missing_ok=True)  # SST as the BIOS left it
+        n.helper.start()
+        await n.plugin.wait_output("pct: SST helper is back", timeout=NOTICED)
+        assert not sst_not_programmed(await helper_punits(n.helper.endpoint))
+        clos = await clos_of(n)
+        assert {c for c, k in clos.items() if k == 0} == cores(hp)
+
+
+LP_CSTATES = SPEC.replace(
+    "    pctMaxFreq: base\n", "    pctMaxFreq: base\n    disabledCstates: [C6]\n", 1
+)
+"""The spec's policy with C-state settings for its LP class too."""
+
+
+async def test_outage_is_reported_when_pct_has_nothing_to_send() -> None:
+    """A create while the helper is dead whose cores are on their CLOS
+    already (an LP pod: LP and idle CPUs share CLOS 3) sends only its
+    C-state settings; their failure leaves the background backing off. PCT
+    is still reported degraded (its ERROR line) at the probe's pace, and is
+    back when a helper is."""
+    assert LP_CSTATES != SPEC
+    async with node(LP_CSTATES, topology="xeon-6776p", command=backing_off) as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        await n.create_from("pct-hp-1", EXAMPLES / "pod-hp-1.yaml")
+        lp = await n.create_from("pct-lp", EXAMPLES / "pod-lp.yaml")
+        await n.plugin.wait_output(
+            f"pct: associated cpus {cpuset.format(cpuset.from_ids(lp))} to CLOS 3", 10
+        )
+        since = n.mark()
+        n.helper.kill()
+        more = await n.create("lp-dead", "lp-bln", cpu="2")
+        assert more and more - lp  # the LP balloon grew: C-state settings to send
+        await n.plugin.wait_output("cpuclass: SST helper unavailable:", timeout=5)
+        assert not n.lines("pct: SST helper unavailable:", since)  # PCT sent nothing
+        await n.plugin.wait_output("pct: SST helper unavailable:", timeout=NOTICED)
+        n.helper.start()
+        await n.plugin.wait_output("pct: SST helper is back", timeout=NOTICED)
+        clos = await clos_of(n, more)
+        assert set(clos.values()) == {3}
+
+
+async def test_cpu_priorities_of_a_helper_away_at_start_come_at_the_probes_pace() -> None:
+    """The plugin started while the helper was SIGSTOPped reads its CPU
+    priorities later (cpupriority.rediscover); once its rediscovery backs
+    off, the helper SIGCONTed is asked again at the probe's pace, not after
+    the backoff (LATE_RETRY_MIN..MAX)."""
+    command = with_backoff("nri_balloons.cpupriority", "LATE_RETRY_MIN", "LATE_RETRY_MAX")
+    async with node(SPEC, topology="xeon-6776p", log_level="debug", command=command) as n:
+        await n.plugin.wait_output("balloons policy started", timeout=20)
+        await n.plugin.stop()
+        assert n.helper.proc is not None
+        n.helper.proc.send_signal(signal.SIGSTOP)
+        try:
+            n.plugin = await PluginProcess.launch(n.cmd)
+            await wait_registered(n.rt, n.plugin, 20)
+            await n.plugin.wait_output("CPU priorities: cannot read SST status", timeout=10)
+            await n.create("hp-away", "hp-bln", cpu="2")  # the rediscovery starts
+            await n.plugin.wait_output("CPU priorities: SST helper still away", timeout=10)
+        finally:
+            n.helper.proc.send_signal(signal.SIGCONT)
+        await n.plugin.wait_output(
+            "CPU priorities: SST status read from the SST helper after start", timeout=NOTICED
+        )
