@@ -95,13 +95,13 @@ def test_the_launch_pauses_the_collector_for_the_imports_and_resumes_it() -> Non
     # a command that is not run: the collector is back before it runs
     # (asyncio is the start's first large import: the collector is paused before it)
     line = _launch("policies")
-    assert line.startswith("[('nri_framework.cli', False), ('asyncio', False)")
+    assert line.startswith("[('asyncio', False), ('nri_framework.cli', False)")
     assert line.endswith("True True 0")
     # run: the policy's import too is made with the collector paused; a policy
     # that is not there still resumes it
     line = _launch("run", "--policy", "pinner", "--help")
     assert line == (
-        "[('nri_framework.cli', False), ('asyncio', False),"
+        "[('asyncio', False), ('nri_framework.cli', False),"
         " ('nri_framework.policies.pinner', False)] True True 0"
     )
     assert _launch("run", "--policy", "no-such-policy").endswith("True True 2")
