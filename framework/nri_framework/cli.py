@@ -378,16 +378,25 @@ def main(argv: list[str] | None = None) -> int:
         and (rc_or_none := run_command(argv[0], argv[1:])) is not None
     ):
         return rc_or_none
-    policy: tuple[str, object] | None = None
+    if not running:
+        return _command(argv, None)
+    # run: the collector stays paused (nri_framework.launch) through the policy's
+    # import and its start (topology, configuration, saved state): start() settles
+    # the heap once the host is made, this when the run ends before
     try:
-        if running and (name := policy_name(argv[1:])):
+        policy: tuple[str, object] | None = None
+        if name := policy_name(argv[1:]):
             try:
                 policy = (name, load_policy(name))
             except PolicyNotFound as exc:
                 print(f"nri-resource-policy: {exc}", file=sys.stderr)
                 return 2
+        return _command(argv, policy)
     finally:
-        settle_heap()  # the policy's imports too: collections resume (nri_framework.launch)
+        settle_heap()
+
+
+def _command(argv: list[str], policy: tuple[str, object] | None) -> int:
     try:
         parser = build_parser(
             policy,

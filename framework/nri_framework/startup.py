@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
 from nri_framework.contract import Peer
+from nri_framework.heap import pause_heap as pause_heap  # the stub's, as before
+from nri_framework.heap import settle_heap as settle_heap
 from nri_framework.journal import Journal
 from nri_framework.topology import SYS_CPU, TopologyError
 
@@ -61,28 +63,6 @@ STATE_DIR_FIX = (
     "the state directory must be a writable directory: chart hostPath volume "
     "resource-policydata (the node's /var/lib/nri-resource-policy at --state-dir)"
 )
-
-
-def settle_heap() -> None:
-    """Move every object alive now (the imports, the policy, the topology, the
-    containers of a Synchronize) into the garbage collector's permanent
-    generation: they live as long as the process, and each full collection
-    otherwise walks all of them again, a pause of milliseconds on the event
-    loop at 1000 containers, the p99 of whichever request it lands in. Objects
-    frozen are still freed when their last reference goes (only a cycle among
-    them would stay), so this is called once after start-up and after each
-    Synchronize. It also resumes the collector :func:`pause_heap` stopped."""
-    gc.freeze()
-    gc.enable()
-
-
-def pause_heap() -> None:
-    """Stop the garbage collector while what is made lives on (the start's
-    imports and policy, a Synchronize's containers): each collection meanwhile
-    would walk them for nothing (about 10 ms of a Synchronize of 1000, and of a
-    start's imports). :func:`settle_heap` freezes them and resumes it; what runs
-    in between is short (the imports, one Synchronize with its reply budget)."""
-    gc.disable()
 
 
 def _problem(exc: OSError) -> str:
@@ -226,6 +206,9 @@ class Startup:
                 self.obstacle = None
                 return result
             self.obstacle = result
+            # a start that waits (for hours, maybe) does so with the collector on: the
+            # launch paused it for a start that goes through (settle_heap once made)
+            gc.enable()
             self.reporter.failed(f"cannot start: {result}")
             delay = self.backoff.next()
             log.debug("start-up attempt %d failed, retrying in %.2fs", self.attempts, delay)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from nri_framework.pb import nri_pb2 as pb
+from nri_framework.simulate.sysfs import write_topology
 
 from .test_stub import Trunk, trunk  # noqa: F401  (the fixture)
 
@@ -69,7 +71,7 @@ import gc, sys
 seen = []
 class Watch:
     def find_spec(self, name, path=None, target=None):
-        if name in ("nri_framework.cli", "nri_framework.policies.pinner"):
+        if name in ("asyncio", "nri_framework.cli", "nri_framework.policies.pinner"):
             seen.append((name, gc.isenabled()))
         return None
 sys.meta_path.insert(0, Watch())
@@ -91,12 +93,49 @@ def _launch(*argv: str) -> str:
 
 def test_the_launch_pauses_the_collector_for_the_imports_and_resumes_it() -> None:
     # a command that is not run: the collector is back before it runs
+    # (asyncio is the start's first large import: the collector is paused before it)
     line = _launch("policies")
-    assert line.startswith("[('nri_framework.cli', False)") and line.endswith("True True 0")
+    assert line.startswith("[('asyncio', False), ('nri_framework.cli', False)")
+    assert line.endswith("True True 0")
     # run: the policy's import too is made with the collector paused; a policy
     # that is not there still resumes it
     line = _launch("run", "--policy", "pinner", "--help")
     assert line == (
-        "[('nri_framework.cli', False), ('nri_framework.policies.pinner', False)] True True 0"
+        "[('asyncio', False), ('nri_framework.cli', False),"
+        " ('nri_framework.policies.pinner', False)] True True 0"
     )
     assert _launch("run", "--policy", "no-such-policy").endswith("True True 2")
+
+
+#: a fresh interpreter: the collector's state while a run's policy host is made
+#: (the topology, the configuration, the saved state: what lives as long as the
+#: process), and after the run ended; the host's start is stopped right there
+#: with a PolicyError (the run returns 1)
+_RUN = """
+import gc, sys
+import nri_framework.host as host
+from nri_framework.hookspecs import PolicyError
+seen = []
+class Host:
+    def __init__(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        raise PolicyError("stopped by the test")
+host.PolicyHost = Host
+import nri_framework.cli as cli
+cli.PolicyHost = Host
+from nri_framework.launch import main
+rc = main(sys.argv[1:])
+print("RUN", seen, gc.isenabled(), gc.get_freeze_count() > 0, rc)
+"""
+
+
+def test_a_run_makes_its_host_with_the_collector_paused(tmp_path: Path) -> None:
+    host_root = write_topology(tmp_path / "host", "n4c16")
+    argv = ["run", "--policy", "pinner", "--host-root", str(host_root)]
+    argv += ["--state-dir", str(tmp_path / "state"), "--nri-socket", str(tmp_path / "nri.sock")]
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, *argv], capture_output=True, text=True, timeout=60
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RUN ")), out.stderr)
+    # paused while the host is made; resumed (and the heap frozen) when the run ended
+    assert line == "RUN [False] True True 1"

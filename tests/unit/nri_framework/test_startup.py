@@ -7,6 +7,7 @@ CONFIG_TIMEOUT per request) while the loop keeps answering ``/livez`` and
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -100,3 +101,26 @@ def test_start_imports_no_tempfile_or_shutil() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+async def test_a_start_that_waits_resumes_the_collector() -> None:
+    # the launch pauses the collector for a start that goes through; one that
+    # waits for its pod (a missing path, retried for hours maybe) must not run
+    # that long without it (a failed attempt's cycles would never be freed)
+    looks: list[bool] = []
+
+    def check() -> startup.Obstacle | None:
+        looks.append(gc.isenabled())
+        return None if len(looks) > 1 else startup.Obstacle("/x", "does not exist", "mount it")
+
+    async def pause(delay: float) -> None:
+        return None
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert await Startup([check], pause=pause).wait(lambda: "host") == "host"
+    finally:
+        if was:
+            gc.enable()
+    assert looks == [False, True]
