@@ -466,7 +466,7 @@ class Session:
         updates = self.host.update_container(
             self.pods.convert(req.pod),
             convert.container_from_pb(req.container),
-            convert.resources_from_pb(req.linux_resources),
+            convert.recent_resources(req.linux_resources),
         )
         resp = pb.UpdateContainerResponse()
         for u in updates:
@@ -488,7 +488,7 @@ class Session:
         req = pb.UpdatePodSandboxRequest.FromString(payload)
         self.advance(LifecycleEvent.POD_EVENT, "UpdatePodSandbox")
         self.host.update_pod_sandbox(
-            self.pods.convert(req.pod), convert.resources_from_pb(req.linux_resources)
+            self.pods.convert(req.pod), convert.recent_resources(req.linux_resources)
         )
         return b""
 
