@@ -495,9 +495,8 @@ class Session:
     def on_state_change(self, payload: bytes) -> bytes:
         req = pb.StateChangeEvent.FromString(payload)
         has_container = req.HasField("container")
-        try:
-            event = Event(req.event)
-        except ValueError:
+        event = _EVENTS.get(req.event)
+        if event is None:
             self.advance(_event_kind(has_container), "StateChange")
             log.warning("ignoring unknown NRI event %d", req.event)
             return b""
@@ -546,10 +545,16 @@ class Session:
         return [convert.update_from_pb(u) for u in failed.failed]
 
 
+#: the events by their number on the wire (a lookup, not an enum call per event)
+_EVENTS = {event.value: event for event in Event}
+#: the events of a container (:attr:`Event.of_container`)
+_OF_CONTAINER = frozenset(event for event in Event if event.of_container)
+
+
 def _check_container(event: Event, has_container: bool) -> None:
     """A container's event without its container is malformed (answered
     INVALID_ARGUMENT; no hook is called, the lifecycle does not move)."""
-    if event.of_container and not has_container:
+    if not has_container and event in _OF_CONTAINER:
         raise DecodeError(f"{event.name} event without its container")
 
 
