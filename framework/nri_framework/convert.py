@@ -6,6 +6,7 @@ or the policies imports :mod:`nri_framework.pb`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -80,26 +81,51 @@ def resources_from_pb(r: pb.LinuxResources) -> Resources:
     )
 
 
+#: Conversions :func:`recent_resources` remembers (the most recently used), and
+#: the largest serialized resources it remembers: at most 256 KiB of keys, what
+#: a hostile runtime's many different or huge ones cost besides their conversion.
+RECENT_RESOURCES = 256
+RECENT_RESOURCES_BYTES = 1024
+
+
+@functools.lru_cache(maxsize=RECENT_RESOURCES)
+def _resources_of(data: bytes) -> Resources:
+    return resources_from_pb(pb.LinuxResources.FromString(data))
+
+
+def recent_resources(r: pb.LinuxResources) -> Resources:
+    """:func:`resources_from_pb` for the resources a runtime sends again and
+    again (every event of a container carries them, and containers of one kind
+    ask alike): a recent conversion of the same serialized bytes (an equal
+    message; a :class:`Resources` is frozen) is handed out again. Serializing
+    costs about a tenth of converting. Resources over
+    :data:`RECENT_RESOURCES_BYTES` serialized are converted each time."""
+    data: bytes = r.SerializeToString()
+    if len(data) > RECENT_RESOURCES_BYTES:
+        return resources_from_pb(r)
+    return _resources_of(data)
+
+
 def resources_to_pb(res: Resources, out: pb.LinuxResources) -> None:
     """Fill ``out`` with the fields of ``res`` that are set."""
-    if res.cpu is not None:
-        c = res.cpu
-        if (
-            c.cpus
-            or c.mems
-            or not (
-                c.shares is None
-                and c.quota is None
-                and c.period is None
-                and c.realtime_runtime is None
-                and c.realtime_period is None
-            )
-        ):  # else nothing to set: the cpu field stays absent
+    c = res.cpu
+    if c is not None:
+        # a pin (cpus and mems alone) is what most replies carry: the optional
+        # fields are looked at one by one only when one of them is set
+        opt = not (
+            c.shares is None
+            and c.quota is None
+            and c.period is None
+            and c.realtime_runtime is None
+            and c.realtime_period is None
+        )
+        if opt or c.cpus or c.mems:  # else nothing to set: the cpu field stays absent
             oc = out.cpu
-            for name in _CPU_OPT:
-                v = getattr(c, name)
-                if v is not None:
-                    getattr(oc, name).value = v
+            if opt:
+                for name in _CPU_OPT:
+                    v = getattr(c, name)
+                    if v is not None:
+                        getattr(oc, name).value = v
             if c.cpus:
                 oc.cpus = c.cpus
             if c.mems:
@@ -113,8 +139,9 @@ def resources_to_pb(res: Resources, out: pb.LinuxResources) -> None:
         out.blockio_class.value = res.blockio_class
     if res.rdt_class is not None:
         out.rdt_class.value = res.rdt_class
-    for k, v in res.unified.items():
-        out.unified[k] = v
+    if res.unified:
+        for k, v in res.unified.items():
+            out.unified[k] = v
     if res.pids_limit is not None:
         out.pids.limit = res.pids_limit
 
@@ -215,7 +242,7 @@ def synchronize_from_pb(
 
 
 def container_from_pb(
-    c: pb.Container, resources: Callable[[pb.LinuxResources], Resources] = resources_from_pb
+    c: pb.Container, resources: Callable[[pb.LinuxResources], Resources] = recent_resources
 ) -> Container:
     # an empty map or list is not copied (a new empty one is cheaper)
     linux = c.linux
@@ -252,10 +279,12 @@ def update_from_pb(u: pb.ContainerUpdate) -> Update:
 
 
 def adjustment_to_pb(a: Adjustment, out: pb.ContainerAdjustment) -> None:
-    for k, v in a.annotations.items():
-        out.annotations[k] = v
-    for k, v in a.env.items():
-        out.env.add(key=k, value=v)
+    if a.annotations:
+        for k, v in a.annotations.items():
+            out.annotations[k] = v
+    if a.env:
+        for k, v in a.env.items():
+            out.env.add(key=k, value=v)
     if a.resources is not None:
         resources_to_pb(a.resources, out.linux.resources)
     if a.scheduler is not None:
@@ -306,8 +335,10 @@ def create_result_to_pb(r: CreateResult) -> pb.CreateContainerResponse:
     resp = pb.CreateContainerResponse()
     if r.adjustment is not None:
         adjustment_to_pb(r.adjustment, resp.adjust)
-    for u in r.updates:
-        update_to_pb(u, resp.update.add())
+    if r.updates:
+        add = resp.update.add
+        for u in r.updates:
+            update_to_pb(u, add())
     for e in r.evictions:
         resp.evict.add(container_id=e.container_id, reason=e.reason)
     return resp

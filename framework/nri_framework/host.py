@@ -64,6 +64,9 @@ policy that never asks costs no more than this); past it, it answers "any"."""
 
 UpdateSender = Callable[[list[Update]], Awaitable[list[Update]]]
 
+#: each event's notification hook (``nri_<event>``), named once, not per event
+HOOK_NAMES = {event: f"nri_{event.name.lower()}" for event in Event}
+
 
 class PolicyHost:
     """What a policy gets in :func:`~nri_framework.hookspecs.policy_start`, and the
@@ -334,21 +337,20 @@ class PolicyHost:
 
     def notify(self, event: Event, pod: Pod, container: Container | None) -> None:
         """A lifecycle event without an answer: refresh the cache, call the hooks."""
-        hook_name = f"nri_{event.name.lower()}"
         if event is not Event.REMOVE_POD_SANDBOX:
             self._put_pod(pod)
         else:
             self._pod_sent(pod.id)
         if container is not None and event is not Event.REMOVE_CONTAINER:
             self.cache.put_container(container)
-        caller = getattr(self.hook, hook_name, None)
+        caller = getattr(self.hook, HOOK_NAMES[event], None)
         if caller is None:
             return
         if container is None:
             caller(pod=pod)
         else:
             caller(pod=pod, container=container)
-        if event in (Event.REMOVE_CONTAINER, Event.REMOVE_POD_SANDBOX):
+        if event is Event.REMOVE_CONTAINER or event is Event.REMOVE_POD_SANDBOX:
             self.changed()
 
     async def reconfigure(self, config: str, source: str) -> bool:

@@ -466,7 +466,7 @@ class Session:
         updates = self.host.update_container(
             self.pods.convert(req.pod),
             convert.container_from_pb(req.container),
-            convert.resources_from_pb(req.linux_resources),
+            convert.recent_resources(req.linux_resources),
         )
         resp = pb.UpdateContainerResponse()
         for u in updates:
@@ -488,16 +488,15 @@ class Session:
         req = pb.UpdatePodSandboxRequest.FromString(payload)
         self.advance(LifecycleEvent.POD_EVENT, "UpdatePodSandbox")
         self.host.update_pod_sandbox(
-            self.pods.convert(req.pod), convert.resources_from_pb(req.linux_resources)
+            self.pods.convert(req.pod), convert.recent_resources(req.linux_resources)
         )
         return b""
 
     def on_state_change(self, payload: bytes) -> bytes:
         req = pb.StateChangeEvent.FromString(payload)
         has_container = req.HasField("container")
-        try:
-            event = Event(req.event)
-        except ValueError:
+        event = _EVENTS.get(req.event)
+        if event is None:
             self.advance(_event_kind(has_container), "StateChange")
             log.warning("ignoring unknown NRI event %d", req.event)
             return b""
@@ -546,10 +545,16 @@ class Session:
         return [convert.update_from_pb(u) for u in failed.failed]
 
 
+#: the events by their number on the wire (a lookup, not an enum call per event)
+_EVENTS = {event.value: event for event in Event}
+#: the events of a container (:attr:`Event.of_container`)
+_OF_CONTAINER = frozenset(event for event in Event if event.of_container)
+
+
 def _check_container(event: Event, has_container: bool) -> None:
     """A container's event without its container is malformed (answered
     INVALID_ARGUMENT; no hook is called, the lifecycle does not move)."""
-    if event.of_container and not has_container:
+    if not has_container and event in _OF_CONTAINER:
         raise DecodeError(f"{event.name} event without its container")
 
 

@@ -21,6 +21,7 @@ from nri_framework.nri.ttrpc import (
     TtrpcClient,
     TtrpcServer,
     encode_response,
+    response_head,
 )
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
@@ -100,6 +101,15 @@ class NriConnection:
     def send_response(
         self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = ""
     ) -> None:
+        if not code:  # success: the payload appended as it is, no message built
+            head = response_head(stream_id, len(payload))
+            length = len(head) + len(payload)
+            if length <= self.max_out_payload:  # one mux frame (a decision's reply)
+                out = self._out
+                out += mux.HEADER.pack(self.serve_conn, length)
+                out += head
+                out += payload
+                return
         data = encode_response(stream_id, payload, code, message)
         self._out += mux.encode_frames(self.serve_conn, data, self.max_out_payload)
 

@@ -180,16 +180,44 @@ class FrameDecoder:
 # --- server -----------------------------------------------------------------
 
 
+def _varint(n: int) -> bytes:
+    """``n`` (>= 0) as a protobuf base-128 varint."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+#: the tag of ``Response.payload`` (field 2, length-delimited)
+_PAYLOAD_TAG = b"\x12"
+
+
+def response_head(stream_id: int, payload_len: int) -> bytes:
+    """What precedes a successful Response's payload on the wire: the ttrpc
+    header and the serialized Response up to its payload (which is the
+    Response's only field then: no status, as Go peers send it). The bytes
+    ``ttrpc_pb2.Response(payload=...)`` serializes to, without building the
+    message and copying the payload into it."""
+    if not payload_len:
+        return HEADER.pack(0, stream_id, MSG_RESPONSE, 0)
+    field = _PAYLOAD_TAG + _varint(payload_len)
+    length = len(field) + payload_len
+    if length > MAX_MESSAGE:
+        raise TtrpcError(Code.RESOURCE_EXHAUSTED, oversized_message(length))
+    return HEADER.pack(length, stream_id, MSG_RESPONSE, 0) + field
+
+
 def encode_response(
     stream_id: int, payload: bytes = b"", code: int = 0, message: str = ""
 ) -> bytes:
     """A Response message. Success carries no status at all, like Go peers send it."""
+    if not code:
+        return response_head(stream_id, len(payload)) + payload
     resp = ttrpc_pb2.Response()
-    if code:
-        resp.status.code = int(code)
-        resp.status.message = message
-    elif payload:
-        resp.payload = payload
+    resp.status.code = int(code)
+    resp.status.message = message
     return encode_message(stream_id, MSG_RESPONSE, resp.SerializeToString())
 
 

@@ -83,14 +83,13 @@ def _effective(
     pod: Pod,
     container: Container,
 ) -> str | None:
-    pretty = pretty_name(pod, container)
     value = ann.effective(ctl.key, pod, container)
     if value is not None:
         why = invalid_class_name(value)
         if why is not None:
             log.warning(
                 "%s: invalid %s class annotation %s: %s (%s); no class set",
-                pretty,
+                pretty_name(pod, container),
                 ctl.what,
                 ctl.key,
                 _quoted(value),
@@ -98,7 +97,12 @@ def _effective(
             )
             return None
         if not enable:
-            log.warning("%s: %s class control disabled, omitting class %s", pretty, ctl.what, value)
+            log.warning(
+                "%s: %s class control disabled, omitting class %s",
+                pretty_name(pod, container),
+                ctl.what,
+                value,
+            )
             return None
         return value
     if enable and use_qos and not own:
@@ -110,12 +114,12 @@ def with_classes(
     resources: Resources, control: Control, pod: Pod, container: Container
 ) -> Resources:
     """``resources`` (of ``container``'s adjustment) with its RDT and block I/O classes."""
-    own = container.resources or Resources()
+    own = container.resources  # the runtime's own classes (none without resources)
     rdt = _effective(
         RDT,
         control.rdt.enable,
         control.rdt.use_pod_qos_as_default_class,
-        own.rdt_class,
+        own.rdt_class if own is not None else None,
         pod,
         container,
     )
@@ -123,7 +127,7 @@ def with_classes(
         BLOCKIO,
         control.blockio.enable,
         control.blockio.use_pod_qos_as_default_class,
-        own.blockio_class,
+        own.blockio_class if own is not None else None,
         pod,
         container,
     )

@@ -22,18 +22,28 @@ log = logging.getLogger("policy")
 def effective_class(
     classes: list[SchedulingClass], bdef: BalloonType, pod: Pod, container: Container
 ) -> SchedulingClass | None:
-    by_name = {c.name: c for c in classes}
     name = bdef.scheduling_class
     override = ann.effective(ann.SCHEDULING_CLASS, pod, container)
-    if override is not None and override in by_name:
-        log.debug(
-            "container %s overrides balloon scheduling class %r with annotation %r",
-            container.name,
-            name,
-            override,
-        )
-        name = override
-    return by_name.get(name) if name else None
+    if override is not None:
+        found = _named(classes, override)
+        if found is not None:
+            log.debug(
+                "container %s overrides balloon scheduling class %r with annotation %r",
+                container.name,
+                name,
+                override,
+            )
+            return found if override else None  # a class named "": no name
+    return _named(classes, name) if name else None
+
+
+def _named(classes: list[SchedulingClass], name: str) -> SchedulingClass | None:
+    """The class called ``name``, the last one of that name (as a mapping by
+    name keeps it), without building that mapping per container."""
+    for sc in reversed(classes):
+        if sc.name == name:
+            return sc
+    return None
 
 
 def adjustments(sc: SchedulingClass) -> tuple[Scheduler | None, IOPriority | None]:

@@ -225,3 +225,55 @@ def test_synchronize_from_pb_remembers_boundedly(monkeypatch: pytest.MonkeyPatch
         2 + k for k in list(range(10)) * 2
     ]
     assert len(calls) == 10 + 6  # the first 4 remembered, the other 6 converted again
+
+
+# --- recent_resources: a container's resources converted once while resent -----
+
+
+def test_recent_resources_convert_as_resources_from_pb() -> None:
+    """Twin: the remembered conversion equals a fresh one (the oracle) for random
+    resources, many repeated (as the runtime resends them), through the wire."""
+    convert._resources_of.cache_clear()
+    rng = random.Random(21)
+    kinds = [_random_resources(random.Random(k)) for k in range(40)]
+    for _ in range(800):
+        r = rng.choice(kinds) if rng.random() < 0.7 else _random_resources(rng)
+        r = pb.LinuxResources.FromString(r.SerializeToString())
+        assert convert.recent_resources(r) == convert.resources_from_pb(r), r
+        c = pb.Container(id="c", name="n", state=2)
+        c.linux.resources.CopyFrom(r)
+        plain = convert.container_from_pb(c, convert.resources_from_pb)
+        assert convert.container_from_pb(c) == plain
+
+
+def test_resent_resources_are_one_conversion() -> None:
+    convert._resources_of.cache_clear()
+    r = _random_resources(random.Random(3))
+    again = pb.LinuxResources.FromString(r.SerializeToString())
+    assert convert.recent_resources(again) is convert.recent_resources(r)
+
+
+def test_recent_resources_remember_a_bounded_count() -> None:
+    """Past RECENT_RESOURCES distinct resources, the oldest is converted anew."""
+    convert._resources_of.cache_clear()
+    first = pb.LinuxResources()
+    first.cpu.shares.value = 2
+    kept = convert.recent_resources(first)
+    for k in range(convert.RECENT_RESOURCES):
+        r = pb.LinuxResources()
+        r.cpu.shares.value = 3 + k
+        convert.recent_resources(r)
+    assert convert._resources_of.cache_info().currsize <= convert.RECENT_RESOURCES
+    again = convert.recent_resources(first)
+    assert again == kept and again is not kept
+
+
+def test_recent_resources_do_not_keep_huge_ones() -> None:
+    """Resources serialized over RECENT_RESOURCES_BYTES are converted each time,
+    never kept (a hostile runtime's huge ones cost no memory here)."""
+    convert._resources_of.cache_clear()
+    r = pb.LinuxResources()
+    r.unified["x"] = "y" * convert.RECENT_RESOURCES_BYTES
+    one, two = convert.recent_resources(r), convert.recent_resources(r)
+    assert one == two == convert.resources_from_pb(r) and one is not two
+    assert convert._resources_of.cache_info().currsize == 0
