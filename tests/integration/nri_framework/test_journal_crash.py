@@ -4,11 +4,11 @@ journal before the reply, so the restarted plugin loses nothing.
 
 The record is a create whose container carries a large annotation: one more
 like it would carry the journal past ``COMPACT_BYTES``, so the snapshot is
-written on the loop turn after the reply. The runtime simulator kills the
-plugin the moment it has read that reply (``racing``: the kill lands before,
-during or after the snapshot, as a crash would); with ``blocked`` the snapshot
-cannot land at all (a directory where its temporary file goes), which pins
-the crash to the point between the reply and the snapshot."""
+written on the loop turn after the reply. The test SIGKILLs the plugin as
+soon as the runtime simulator has that reply (``racing``: the kill lands
+before, during or after the snapshot, as a crash would); with ``blocked`` the
+snapshot cannot land at all (a directory where its temporary file goes),
+which pins the crash to the point between the reply and the snapshot."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from nri_framework.journal import COMPACT_BYTES
@@ -25,21 +24,6 @@ from nri_framework.model import Container, CpuResources, Pod, Resources
 from nri_framework.simulate.runtime import SimulatedRuntime
 from nri_framework.simulate.scenario import PluginProcess
 from nri_framework.simulate.sysfs import write_cpu_tree
-
-
-class KillOnCreateReply(SimulatedRuntime):
-    """The runtime simulator, SIGKILLing ``victim`` the moment it has read a
-    CreateContainer reply from it (a stand-in hook on the simulator's one
-    request path: the plugin gets no instruction after its reply)."""
-
-    victim: int | None = None
-
-    async def _request(self, peer: Any, method: str, req: Any, rtype: Any) -> Any:
-        reply = await super()._request(peer, method, req, rtype)
-        if method == "CreateContainer" and self.victim is not None:
-            os.kill(self.victim, signal.SIGKILL)
-            self.victim = None
-        return reply
 
 
 def guaranteed(name: str, n: int, note: int = 0) -> Container:
@@ -68,16 +52,16 @@ async def test_sigkill_after_a_reply_that_made_the_snapshot_due_loses_nothing(
     ]  # fmt: skip
     if crash == "blocked":
         (state / "pinner.state.tmp").mkdir(parents=True)
-    async with KillOnCreateReply(socket) as rt:
+    async with SimulatedRuntime(socket) as rt:
         plugin = await PluginProcess.launch(cmd)
         try:
             await rt.wait_plugins(1, 10)
             pod = await rt.run_pod(Pod(id="", name="p", uid="u", namespace="default"))
             for c in (guaranteed("a", 2), guaranteed("b", 1)):
                 await rt.start_container((await rt.create_container(pod.id, c)).id)
-            rt.victim = plugin.proc.pid
             # a record over half of COMPACT_BYTES: no room for another like it
             big = await rt.create_container(pod.id, guaranteed("big", 1, COMPACT_BYTES // 2 + 1))
+            os.kill(plugin.proc.pid, signal.SIGKILL)
             assert big.cpus, "the reply came before the kill"
             assert await asyncio.wait_for(plugin.proc.wait(), 10) == -signal.SIGKILL
             await plugin.stop()
