@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from nri_framework.memo import RecentAnswers
 from nri_framework.model import (
     Adjustment,
     Container,
@@ -215,8 +216,8 @@ class ResentPods:
             self.size -= len(known[0])
 
 
-#: Distinct resources :func:`synchronize_from_pb` remembers at most (the rest are
-#: converted each): a hostile runtime's many different ones cost no more.
+#: Distinct resources :func:`synchronize_from_pb` remembers at most (the oldest
+#: forgotten first): a hostile runtime's many different ones cost no more.
 SYNC_RESOURCES_MAX = 1024
 
 
@@ -227,15 +228,14 @@ def synchronize_from_pb(
     resources (equal serialized bytes: an equal message) share one conversion
     of them (a :class:`Resources` is frozen), most of a node's containers
     asking alike (at most :data:`SYNC_RESOURCES_MAX` kept)."""
-    known: dict[bytes, Resources] = {}
+    known: RecentAnswers[bytes, Resources] = RecentAnswers(SYNC_RESOURCES_MAX)
 
     def resources(r: pb.LinuxResources) -> Resources:
         data: bytes = r.SerializeToString()
         res = known.get(data)
         if res is None:
             res = resources_from_pb(r)
-            if len(known) < SYNC_RESOURCES_MAX:
-                known[data] = res
+            known.keep(data, res)
         return res
 
     return [pod_from_pb(p) for p in pods], [container_from_pb(c, resources) for c in containers]

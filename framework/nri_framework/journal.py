@@ -15,7 +15,9 @@ Compaction is the snapshot: once written (and renamed into place) the journal
 is truncated. A crash between the two leaves records the snapshot already
 holds; their sequence numbers (at most the snapshot's) make the restart skip
 them. The journal stays small: it holds the records since the node was last
-quiet, and the host compacts at once when it passes :data:`COMPACT_BYTES`;
+quiet, and the host compacts after the reply once it passes
+:data:`COMPACT_BYTES`, or once the last record leaves no room for another as
+large (:meth:`nri_framework.statefile.StateFile.due`);
 a record holds what its decision changed (the cache entries; the parts of a
 keyed policy state, see :class:`Decision`).
 
@@ -134,6 +136,9 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.size = 0
+        #: the bytes of the last record written (0: none since the journal
+        #: was opened or emptied, or the last append failed)
+        self.last = 0
         self._fd: int | None = None
         self._failing = False
 
@@ -216,11 +221,13 @@ class Journal:
             if self._fd is not None:
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, self.size)
+            self.last = 0
             if not self._failing:
                 self._failing = True
                 log.error("cannot write the decision journal %s: %s", self.path, exc)
             return False
         self.size += written
+        self.last = written
         if self._failing:
             self._failing = False
             log.info("decision journal %s written again", self.path)
@@ -243,6 +250,7 @@ class Journal:
             log.error("cannot empty the journal %s: %s", self.path, exc)
             return
         self.size = 0
+        self.last = 0
 
     def close(self) -> None:
         if self._fd is not None:

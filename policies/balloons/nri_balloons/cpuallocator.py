@@ -29,53 +29,22 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Mapping, Sequence
 
 import msgspec
 from nri_framework import cpuset
+from nri_framework.memo import RecentAnswers
 from nri_framework.topology import Topology
 
 from nri_balloons.cpupriority import PRIOS, CpuPriority, Priorities, cpufreq_priorities
 
 log = logging.getLogger("nri_balloons.cpus")  # the logger these lines always had
 
-__all__ = ["PICKS_MAX", "AllocFlag", "CpuAllocator", "RecentPicks", "ResizeError"]
+__all__ = ["PICKS_MAX", "AllocFlag", "CpuAllocator", "ResizeError"]
 
 PICKS_MAX = 256
-"""Answers a :class:`RecentPicks` keeps (each key a few CPU masks: ~40 KiB on
-a 256-CPU machine)."""
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class RecentPicks(Generic[K, V]):
-    """The last answers of a pick that is a pure function of its key (the CPU
-    sets it chooses from): a node whose pods come and go asks the same
-    questions again (the same free CPUs, the same size). At most ``limit``
-    answers, the oldest forgotten first."""
-
-    __slots__ = ("_got", "limit")
-
-    def __init__(self, limit: int = PICKS_MAX) -> None:
-        self.limit = limit
-        self._got: dict[K, V] = {}
-
-    def __len__(self) -> int:
-        return len(self._got)
-
-    def get(self, key: K) -> V | None:
-        return self._got.get(key)
-
-    def keep(self, key: K, value: V) -> None:
-        got = self._got
-        if len(got) >= self.limit:
-            del got[next(iter(got))]
-        got[key] = value
-
-    def clear(self) -> None:
-        self._got.clear()
+"""Picks remembered (:class:`~nri_framework.memo.RecentAnswers`; each key a
+few CPU masks: ~40 KiB on a 256-CPU machine)."""
 
 
 class ResizeError(ValueError):
@@ -148,7 +117,8 @@ class CpuAllocator:
         self._packages = tuple(topology.package_masks.items())
         self._clusters = self._discover_clusters() if self.hybrid else ()
         self._cache_groups = self._discover_cache_groups()
-        self._picks: RecentPicks[tuple[int, int, CpuPriority, AllocFlag], int] = RecentPicks()
+        self._picks: RecentAnswers[tuple[int, int, CpuPriority, AllocFlag], int]
+        self._picks = RecentAnswers(PICKS_MAX)
         """(from, count, priority, flags) -> the CPUs :meth:`allocate` picked:
         its answer depends on nothing else (the topology and the priorities
         are this allocator's for its life)"""

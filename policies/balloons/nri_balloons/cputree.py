@@ -45,9 +45,10 @@ from typing import Any
 
 import msgspec
 from nri_framework import cpuset
+from nri_framework.memo import RecentAnswers
 from nri_framework.topology import Topology, TreeNode
 
-from nri_balloons.cpuallocator import CpuAllocator, RecentPicks, ResizeError
+from nri_balloons.cpuallocator import PICKS_MAX, CpuAllocator, ResizeError
 from nri_balloons.cpupriority import CpuPriority
 from nri_balloons.devices import VirtualDevice
 from nri_balloons.flattree import FlatTree, flat_tree
@@ -148,7 +149,8 @@ class CpuTreeAllocator:
         self._reach: dict[int, tuple[int, ...]] = {}
         """need -> :func:`_reach` for the smallest node size >= need (shared by
         the needs of one size; the size's own entry under ``-size``)"""
-        self._best_nodes: RecentPicks[tuple[int, int, int, bool], int] = RecentPicks()
+        self._best_nodes: RecentAnswers[tuple[int, int, int, bool], int]
+        self._best_nodes = RecentAnswers(PICKS_MAX)
         """(current, free, delta, balancing) -> the max local set's node
         (:meth:`_best_node`; -1: none), for this tree"""
         self._resizers: tuple[Callable[[int, ResizeHints, int, int, int], tuple[int, int]], ...] = (

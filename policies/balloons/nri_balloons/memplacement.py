@@ -35,6 +35,7 @@ from collections.abc import Iterable
 import msgspec
 from nri_framework import cpuset
 from nri_framework.kubelet_cpu import QOSClass
+from nri_framework.memo import RecentAnswers
 from nri_framework.model import Container
 from nri_framework.topology import MemoryType, Topology
 
@@ -118,7 +119,7 @@ class MemoryPlacer:
         """container id -> (memory limit, priority) of a container not allocated yet"""
         self._present = frozenset(topology.memory_type_masks)
         """the memory types the node has"""
-        self._affinity: dict[int, int] = {}
+        self._affinity: RecentAnswers[int, int] = RecentAnswers(AFFINITIES_MAX)
         """CPUs -> the nodes holding them (the balloons' CPU sets, as asked)"""
         self.moves = 0
         """allocations that moved other containers so far (a pinning computed
@@ -166,9 +167,7 @@ class MemoryPlacer:
         affinity = self._affinity.get(cpus)
         if affinity is None:
             affinity = self.topology.closest_nodes(cpus)
-            if len(self._affinity) >= AFFINITIES_MAX:
-                self._affinity.clear()
-            self._affinity[cpus] = affinity
+            self._affinity.keep(cpus, affinity)
         return affinity
 
     def mems(

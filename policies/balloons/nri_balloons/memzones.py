@@ -42,6 +42,7 @@ from collections.abc import Iterable
 import msgspec
 from nri_framework import cpuset
 from nri_framework.kubelet_cpu import QOSClass
+from nri_framework.memo import RecentAnswers
 from nri_framework.topology import MemoryType, Topology
 
 from nri_balloons.gofmt import quote
@@ -346,11 +347,12 @@ class MemoryAllocator:
         self._fits: tuple[int, int] | None = None
         """(nodes, usage version) of the last overcommit check of ``nodes`` that
         found none: the same check at the same version finds none"""
-        self._capacity: dict[int, int] = {}
+        self._capacity: RecentAnswers[int, int] = RecentAnswers(MEMO_MAX)
         """zone -> its capacity, as computed (the nodes' capacities do not
         change; zones are the few node sets requests have)"""
-        self._initial: dict[tuple[int, frozenset[MemoryType]], tuple[int, frozenset[MemoryType]]]
-        self._initial = {}
+        self._initial: RecentAnswers[
+            tuple[int, frozenset[MemoryType]], tuple[int, frozenset[MemoryType]]
+        ] = RecentAnswers(MEMO_MAX)
         """(affinity, types) -> :func:`initial_zone` of them (a function of the
         topology alone), as computed while DEBUG (its lines) is off"""
 
@@ -359,10 +361,8 @@ class MemoryAllocator:
     def zone_capacity(self, zone: int) -> int:
         capacity = self._capacity.get(zone)
         if capacity is None:
-            if len(self._capacity) >= MEMO_MAX:
-                self._capacity.clear()
             capacity = sum(c for n, c in self.capacity.items() if zone >> n & 1)
-            self._capacity[zone] = capacity
+            self._capacity.keep(zone, capacity)
         return capacity
 
     def zone_usage(self, zone: int) -> int:
@@ -468,9 +468,7 @@ class MemoryAllocator:
         zone = self._initial.get(key)
         if zone is None:
             zone = initial_zone(self.topology, affinity, types)
-            if len(self._initial) >= MEMO_MAX:
-                self._initial.clear()
-            self._initial[key] = zone
+            self._initial.keep(key, zone)
         return zone
 
     def realloc(

@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from nri_framework import cpuset
 from nri_framework.journal import StateChanges
+from nri_framework.memo import RecentAnswers
 from nri_framework.model import Container, Pod
 from nri_framework.topology import Topology
 
@@ -180,7 +181,8 @@ class BalloonsPolicy:
         """container id -> memory nodes the last pinning allocated to it"""
         self._touched: set[str] = set()
         """containers allocated or released since the last pinning"""
-        self._namespace_matches: dict[tuple[str, str], bool] = {}
+        self._namespace_matches: RecentAnswers[tuple[str, str], bool]
+        self._namespace_matches = RecentAnswers(NAMESPACE_MATCHES)
         """(type name, namespace) -> whether the type's ``namespaces`` match it"""
 
     def use_priorities(self, priorities: Mapping[CpuPriority, int]) -> None:
@@ -358,9 +360,7 @@ class BalloonsPolicy:
         got = self._namespace_matches.get(key)
         if got is None:
             got = any(glob_match(ns, namespace) for ns in bdef.namespaces)
-            if len(self._namespace_matches) >= NAMESPACE_MATCHES:
-                self._namespace_matches.clear()
-            self._namespace_matches[key] = got
+            self._namespace_matches.keep(key, got)
         return got
 
     # -- choosing the instance (§6) --------------------------------------------------

@@ -206,7 +206,8 @@ def test_synchronize_from_pb_converts_as_one_at_a_time() -> None:
 
 def test_synchronize_from_pb_remembers_boundedly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A runtime sending many different resources: past SYNC_RESOURCES_MAX
-    distinct ones, a repeated one is converted again (not remembered)."""
+    distinct ones the oldest are forgotten (converted again when repeated),
+    the most recent ones shared."""
     monkeypatch.setattr(convert, "SYNC_RESOURCES_MAX", 4)
     calls: list[pb.LinuxResources] = []
     plain = convert.resources_from_pb
@@ -217,14 +218,17 @@ def test_synchronize_from_pb_remembers_boundedly(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(convert, "resources_from_pb", counting)
     req = pb.SynchronizeRequest()
-    for k in list(range(10)) * 2:  # 10 distinct, each twice
+    asked = list(range(10)) * 2 + [9, 8, 7, 6]  # 10 distinct, each twice, then the last 4
+    for k in asked:
         c = req.containers.add(id=f"c{len(req.containers)}")
         c.linux.resources.cpu.shares.value = 2 + k
     _, containers = convert.synchronize_from_pb(req.pods, req.containers)
     assert [c.resources.cpu.shares for c in containers if c.resources and c.resources.cpu] == [
-        2 + k for k in list(range(10)) * 2
+        2 + k for k in asked
     ]
-    assert len(calls) == 10 + 6  # the first 4 remembered, the other 6 converted again
+    # the second ten: each forgotten (4 kept, 10 apart); the last 4: kept
+    assert len(calls) == 10 + 10
+    assert containers[-1].resources is containers[-4 - 4].resources  # 6: shared
 
 
 # --- recent_resources: a container's resources converted once while resent -----

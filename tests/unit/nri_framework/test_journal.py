@@ -9,7 +9,9 @@ for its coalescing delay, so what a restart finds is the journal's doing."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import random
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -134,7 +136,7 @@ async def test_records_the_snapshot_holds_are_skipped(tmp_path: Path) -> None:
 async def test_a_large_journal_is_compacted_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(statefile, "COMPACT_BYTES", 200)
+    monkeypatch.setattr(statefile, "COMPACT_BYTES", 400)  # room for two small records
     h = host(tmp_path)
     h.synchronize([], [])
     loop = asyncio.get_running_loop()
@@ -143,12 +145,12 @@ async def test_a_large_journal_is_compacted_at_once(
         assert loop.time() < deadline, "no snapshot after the Synchronize"
         await asyncio.sleep(0.01)
     h.create_container(POD, guaranteed("a", 1))
-    assert 0 < journal_path(tmp_path).stat().st_size < 200  # small: waits for the delay
+    assert 0 < journal_path(tmp_path).stat().st_size < 200  # room for another: waits
     await asyncio.sleep(0)
     assert journal_path(tmp_path).stat().st_size > 0
     for cid in "bcd":
         h.create_container(POD, guaranteed(cid, 1))
-    assert journal_path(tmp_path).stat().st_size > 200
+    assert journal_path(tmp_path).stat().st_size > 400
     await asyncio.sleep(0)  # past the limit: compacted on the next loop turn
     assert journal_path(tmp_path).stat().st_size == 0
     again = host(tmp_path)
@@ -160,33 +162,84 @@ async def test_a_large_journal_is_compacted_at_once(
     }
 
 
-async def test_a_large_synchronize_is_compacted_after_its_reply(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def annotated(cid: str, size: int) -> Container:
+    """A container whose record is about ``size`` bytes (its annotations)."""
+    return msgspec.structs.replace(guaranteed(cid, 1), annotations={"note": "x" * size})
+
+
+@pytest.mark.parametrize("kind", ["synchronize", "create"])
+async def test_a_record_leaving_no_room_for_another_is_compacted_after_its_reply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """A Synchronize's record holds the whole node: past SYNC_COMPACT_BYTES it
-    is compacted on the next loop turn (after the reply), not in the middle of
-    the stream of requests that follows; a smaller one waits for the quiet delay."""
+    """A record so large that one more like it would carry the journal past
+    COMPACT_BYTES makes the snapshot due, whatever the request kind (a
+    Synchronize's, the whole node; a create's): written on the next loop turn,
+    after its reply (the record on disk before it, the snapshot not yet), not
+    in the stream that follows; a small record waits for the quiet delay."""
+    monkeypatch.setattr(statefile, "COMPACT_BYTES", 10_000)
     snapshot = tmp_path / "state/pinner.state.json"
-    small = host(tmp_path)
-    small.synchronize([POD], [guaranteed("a", 1)])
-    record = journal_path(tmp_path).stat().st_size
+    h = host(tmp_path)
+    h.synchronize([POD], [guaranteed("a", 1)])
     await asyncio.sleep(0.01)
-    assert not snapshot.exists()  # below the limit: the quiet delay
-    small.save_now()
-    monkeypatch.setattr(statefile, "SYNC_COMPACT_BYTES", record - 1)
-    big = host(tmp_path)
-    big.synchronize([POD], [guaranteed("a", 1)])
-    assert journal_path(tmp_path).stat().st_size > 0  # journaled before the reply
+    assert not snapshot.exists()  # room for many such records: the quiet delay
+    h.save_now()
     seq = msgspec.json.decode(snapshot.read_bytes())["seq"]
+    if kind == "synchronize":  # the large part a pod, which later records leave out
+        big_pod = Pod(id="q", name="big", annotations={"note": "x" * 6_000})
+        h.synchronize([POD, big_pod], [guaranteed("a", 1)])
+    else:
+        h.create_container(POD, annotated("big", 6_000))
+    size = journal_path(tmp_path).stat().st_size
+    assert 6_000 < size < 10_000  # journaled before the reply, below the limit itself
+    assert msgspec.json.decode(snapshot.read_bytes())["seq"] == seq  # not in the reply path
     await asyncio.sleep(0)  # the next loop turn
     assert journal_path(tmp_path).stat().st_size == 0
     assert msgspec.json.decode(snapshot.read_bytes())["seq"] == seq + 1
-    big.create_container(POD, guaranteed("b", 1))  # a decision's record: the delay again
+    h.create_container(POD, guaranteed("b", 1))  # a small record: the delay again
     await asyncio.sleep(0.01)
     assert journal_path(tmp_path).stat().st_size > 0
-    decided = {cid: c.resources.cpu.cpus for cid, c in big.containers.items()}  # type: ignore[union-attr]
+    decided = {cid: c.resources.cpu.cpus for cid, c in h.containers.items()}  # type: ignore[union-attr]
+    asked = [guaranteed("a", 1), guaranteed("b", 1)]  # without cpusets
+    if kind == "create":
+        asked.append(annotated("big", 6_000))
     again = host(tmp_path)  # the snapshot and the record after it
-    assert restored(again, guaranteed("a", 1), guaranteed("b", 1)) == decided
+    assert restored(again, *asked) == decided
+
+
+async def test_the_journal_passes_compact_bytes_by_one_record_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests one at a time (each reply, then a loop turn), records of any
+    size in any order: the journal is never past COMPACT_BYTES by more than
+    the record that carried it there, so a restart replays at most that; and
+    the restart finds every decision."""
+    monkeypatch.setattr(statefile, "COMPACT_BYTES", 8_000)
+    rng = random.Random(1414)
+    h = host(tmp_path)
+    h.synchronize([POD], [])
+    journal = h.statefile.journal
+    assert journal is not None
+    running: list[str] = []
+    asked: dict[str, Container] = {}  # as created: without cpusets
+    for i in range(400):
+        if running and (len(running) >= 6 or rng.random() < 0.4):
+            cid = running.pop(rng.randrange(len(running)))
+            h.notify(Event.REMOVE_CONTAINER, POD, h.containers[cid])
+        elif rng.random() < 0.05:
+            h.synchronize([POD], [h.containers[cid] for cid in running])
+        else:
+            cid = f"c{i}"
+            asked[cid] = annotated(cid, rng.choice((10, 100, 1_000, 3_000, 7_000)))
+            h.create_container(POD, asked[cid])
+            running.append(cid)
+        size = journal_path(tmp_path).stat().st_size
+        assert size == journal.size
+        assert size <= statefile.COMPACT_BYTES + journal.last, i
+        await asyncio.sleep(0)  # the reply's loop turn
+    decided = {cid: c.resources.cpu.cpus for cid, c in h.containers.items()}  # type: ignore[union-attr]
+    assert 0 < journal_path(tmp_path).stat().st_size <= statefile.COMPACT_BYTES
+    again = host(tmp_path)
+    assert restored(again, *(asked[cid] for cid in running)) == decided
 
 
 async def test_an_unwritable_journal_is_logged_once_and_decisions_go_on(
@@ -428,3 +481,21 @@ async def test_without_a_state_dir_what_changed_does_not_pile_up(tmp_path: Path)
         h.notify(Event.REMOVE_CONTAINER, POD, guaranteed(f"c{i}", 1))
     assert not h.cache.dirty_containers and not h.cache.dirty_pods
     assert not policy.changed  # the policy was asked for its changes: it forgot them
+
+
+@pytest.mark.parametrize("running", [True, False])
+async def test_the_load_leaves_the_collector_as_it_found_it(tmp_path: Path, running: bool) -> None:
+    """The load pauses the garbage collector while it decodes, and leaves it
+    running or paused as it was (the start pauses it itself, and resumes it)."""
+    first = host(tmp_path)
+    first.synchronize([POD], [guaranteed("a", 1)])
+    first.save_now()
+    first.create_container(POD, guaranteed("b", 1))
+    try:
+        if not running:
+            gc.disable()
+        again = statefile.StateFile(tmp_path / "state", "pinner").load()
+        assert gc.isenabled() is running
+    finally:
+        gc.enable()
+    assert again is not None and again.containers.keys() == {"a", "b"}
