@@ -9,7 +9,6 @@ for its coalescing delay, so what a restart finds is the journal's doing."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import random
 import tracemalloc
@@ -481,21 +480,3 @@ async def test_without_a_state_dir_what_changed_does_not_pile_up(tmp_path: Path)
         h.notify(Event.REMOVE_CONTAINER, POD, guaranteed(f"c{i}", 1))
     assert not h.cache.dirty_containers and not h.cache.dirty_pods
     assert not policy.changed  # the policy was asked for its changes: it forgot them
-
-
-@pytest.mark.parametrize("running", [True, False])
-async def test_the_load_leaves_the_collector_as_it_found_it(tmp_path: Path, running: bool) -> None:
-    """The load pauses the garbage collector while it decodes, and leaves it
-    running or paused as it was (the start pauses it itself, and resumes it)."""
-    first = host(tmp_path)
-    first.synchronize([POD], [guaranteed("a", 1)])
-    first.save_now()
-    first.create_container(POD, guaranteed("b", 1))
-    try:
-        if not running:
-            gc.disable()
-        again = statefile.StateFile(tmp_path / "state", "pinner").load()
-        assert gc.isenabled() is running
-    finally:
-        gc.enable()
-    assert again is not None and again.containers.keys() == {"a", "b"}
