@@ -314,7 +314,9 @@ async def test_hints_work_once_a_missing_socket_appears(tmp_path: Path) -> None:
     (without the hint); once the kubelet serves, the hints steer again."""
     sock = tmp_path / "kubelet.sock"
     async with plugin_node(tmp_path, sock) as n:
-        await n.plugin.wait_output(f"pod-resources API at {sock}", timeout=10)
+        # the warning itself (the start's INFO line names the socket too: waiting
+        # for that let the kubelet serve before any List had failed, under load)
+        await n.plugin.wait_output(f"pod-resources API at {sock}: ", timeout=10)
         kubelet = Kubelet(sock)
         t = Scenario(n, kubelet)
         # the API is away: the container is created, its hint dropped
