@@ -9,6 +9,10 @@ the collector) before a command does its work, ``run`` once its policy host is
 made (the topology, the configuration and the saved state of 1000 containers
 live as long as the process too: ~5 ms of young collections of a restart).
 
+A ``run``'s sysfs topology is discovered by a child process meanwhile, on
+the node's second core (:mod:`nri_framework.topology_child`, forked before
+asyncio is imported, once msgspec and the topology's records are).
+
 asyncio is imported without TLS (:func:`import_asyncio_without_tls`): its event
 loop speaks NRI over a unix socket and plain HTTP on the metrics endpoint, and
 its ``try: import ssl`` would load OpenSSL (~7 ms of every start) for nothing.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import sys
 
+from nri_framework import topology_child
 from nri_framework.heap import pause_heap
 
 
@@ -41,8 +46,21 @@ def import_asyncio_without_tls() -> None:
             del sys.modules["ssl"]
 
 
+def start_topology_child(argv: list[str]) -> None:
+    """A ``run``'s topology discovered by a child beside the imports
+    (:mod:`nri_framework.topology_child`), when no thread exists yet (a fork
+    of a threaded process may copy a lock some thread holds)."""
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return
+    root = topology_child.host_root_of(argv)
+    if root is not None:
+        topology_child.start(root)
+
+
 def main(argv: list[str] | None = None) -> int:
     pause_heap()
+    start_topology_child(sys.argv[1:] if argv is None else argv)
     import_asyncio_without_tls()
     from nri_framework.cli import main as cli_main
 

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
+from nri_framework import topology_child
 from nri_framework.contract import Peer
 from nri_framework.heap import pause_heap as pause_heap  # the stub's, as before
 from nri_framework.heap import settle_heap as settle_heap
@@ -199,7 +200,10 @@ class Startup:
             # off the loop, as before the loop ran: the policy's start may wait
             # for its peers (the SST helper's set-up, CONFIG_TIMEOUT per request)
             # while the endpoint keeps answering /livez and /healthz
-            result = await asyncio.to_thread(self._attempt, make)
+            try:
+                result = await asyncio.to_thread(self._attempt, make)
+            finally:  # the launch's child answers the first attempt only (or none)
+                topology_child.discard()
             if not isinstance(result, Obstacle):
                 if self.obstacle is not None:
                     self.reporter.cleared(f"{self.obstacle.path} is usable now: starting")

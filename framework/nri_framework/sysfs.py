@@ -520,3 +520,91 @@ def discover(host_root: str | os.PathLike[str] = "/") -> Topology:
         memory_nodes=memory_nodes,
         host_root=root,
     )
+
+
+# ---------------------------------------------------------------------------
+# discovery in a child process (nri_framework.topology_child)
+
+
+class LogLine(msgspec.Struct, array_like=True):
+    """A log line the discovery wrote in the child, written by the parent."""
+
+    level: int
+    logger: str
+    message: str
+
+
+class Discovery(msgspec.Struct, forbid_unknown_fields=True):
+    """A discovered topology as the child sends it (JSON: CPU masks are wider
+    than msgpack's 64-bit integers), and the log lines the discovery wrote."""
+
+    cpus: list[CpuInfo]
+    nodes: list[NumaNode]
+    possible: int
+    isolated: int
+    memory_nodes: int
+    lines: list[LogLine]
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[LogLine] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(LogLine(record.levelno, record.name, record.getMessage()))
+
+
+def discover_and_encode(host_root: str) -> bytes:
+    """:func:`discover` under ``host_root`` as :class:`Discovery` bytes (in the
+    child: every line the discovery logs is kept, at any level, for the parent,
+    whose configuration decides which are written)."""
+    lines = _Lines()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(lines)
+    root.setLevel(logging.DEBUG)
+    try:
+        topo = discover(host_root)
+    finally:
+        root.removeHandler(lines)
+        root.setLevel(level)
+    return msgspec.json.encode(
+        Discovery(
+            cpus=list(topo.cpus.values()),
+            nodes=list(topo.nodes.values()),
+            possible=topo.possible,
+            isolated=topo.isolated,
+            memory_nodes=topo.memory_nodes,
+            lines=lines.lines,
+        )
+    )
+
+
+def decode_discovery(data: bytes, host_root: str | os.PathLike[str]) -> Topology:
+    """The topology of :func:`discover_and_encode`'s ``data``, its log lines
+    written now. Raises :class:`ValueError` when ``data`` is not one."""
+    try:
+        found = msgspec.json.decode(data, type=Discovery)
+        if not found.cpus:
+            raise ValueError("no CPUs")
+        shared: dict[frozenset[str], frozenset[str]] = {}  # one set per C-state list, as found
+        cpus = {}
+        for c in found.cpus:
+            names = shared.setdefault(c.cstates, c.cstates)
+            cpus[c.id] = c if names is c.cstates else msgspec.structs.replace(c, cstates=names)
+        topo = Topology(
+            cpus,
+            {n.id: n for n in found.nodes},
+            possible=found.possible,
+            isolated=found.isolated,
+            memory_nodes=found.memory_nodes,
+            host_root=Path(host_root),
+        )
+    except (KeyError, TypeError, IndexError) as exc:  # an inconsistent topology
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+    if topo.node_masks != {n: node.cpus for n, node in topo.nodes.items()}:
+        raise ValueError("CPUs and NUMA nodes disagree")  # as discover checks them
+    for line in found.lines:
+        logging.getLogger(line.logger).log(line.level, "%s", line.message)
+    return topo

@@ -278,10 +278,14 @@ class Topology:
     @classmethod
     def from_sysfs(cls, host_root: str | os.PathLike[str] = "/") -> Topology:
         """Discover the topology under ``host_root`` (``/`` or e.g. ``/host``),
-        with :func:`nri_framework.sysfs.discover`."""
+        with :func:`nri_framework.sysfs.discover`; the first call of a ``run``
+        takes what the launch's child discovered under the same root
+        (:mod:`nri_framework.topology_child`), when it did."""
+        from nri_framework import topology_child
         from nri_framework.sysfs import discover  # it builds this module's records
 
-        return discover(host_root)
+        found = topology_child.take(host_root)  # discovered beside the start's imports
+        return found if found is not None else discover(host_root)
 
     # -- queries ------------------------------------------------------------
 
