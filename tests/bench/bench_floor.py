@@ -84,6 +84,8 @@ class Round(msgspec.Struct, frozen=True):
     unadjusted_creates: int = 0
     restart_ms: float | None = None
     restart_synchronize_ms: float | None = None
+    #: each restart's figure (``restart_ms`` is their median)
+    restarts_ms: list[float] = []
 
 
 class PeerResult(msgspec.Struct, frozen=True):
@@ -230,14 +232,17 @@ def _figures(
     )
     fhi = floor.at(hi.running)
     if hi.restart_ms is not None:
+        each = ", ".join(f"{ms:.0f}" for ms in sorted(hi.restarts_ms))
         rows.append(
             Figure(
                 f"floor.restart_{hi.running}",
-                f"balloons restart with {hi.running} containers to registered + synchronized",
+                f"balloons restart with {hi.running} containers to registered + synchronized"
+                + (f" (median of {len(hi.restarts_ms)})" if len(hi.restarts_ms) > 1 else ""),
                 hi.restart_ms,
                 "ms",
                 150,
-                note="process start, state load, registration, Synchronize",
+                note="process start, state load, registration, Synchronize"
+                + (f"; each: {each} ms" if each else ""),
                 base=fhi.restart_ms,
                 base_name="floor",
             )

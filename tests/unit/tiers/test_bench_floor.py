@@ -47,7 +47,11 @@ def peer_doc(scale: float, *, hp_p99: float | None = None) -> dict[str, object]:
             "plugin_rss_mb": 10 * scale,
         }
         if n == 1000:
-            rnd |= {"restart_ms": 100 * scale, "restart_synchronize_ms": scale * 100}
+            rnd |= {
+                "restart_ms": 100 * scale,
+                "restart_synchronize_ms": scale * 100,
+                "restarts_ms": [120 * scale, 100 * scale, 90 * scale],
+            }
         rounds.append(rnd)
     return {"peer": "containerd/nri adaptation", "cycles": 100, "rounds": rounds}
 
@@ -86,6 +90,8 @@ def test_targets_are_ratios_to_the_floor() -> None:
     sync = figs["floor.sync_1000"]
     assert (sync.target, sync.multiple, sync.ratio) == (60, None, pytest.approx(2.5))
     assert figs["floor.restart_1000"].target == 150
+    assert "(median of 3)" in figs["floor.restart_1000"].name
+    assert "each: 45, 50, 60 ms" in figs["floor.restart_1000"].note
     assert figs["floor.plugin_rss_1000"].target == 60
     assert figs["floor.helper_rss"].target == 30
     # every floor figure the report expects is made

@@ -9,8 +9,8 @@
 // -warmup untimed and -cycles timed HP pods (2 CPUs, balloon hp-bln) and as
 // many LP pods (4 CPUs, lp-bln) through RunPodSandbox, CreateContainer, StartContainer, UpdateContainer,
 // StopContainer, RemoveContainer and the pod's stop and removal. It times every
-// request round trip and, at the largest N, a restart of the plugin process (to
-// registered and synchronized again). It prints one JSON document on stdout:
+// request round trip and, at the largest N, -restarts restarts of the plugin
+// process (to registered and synchronized again; the median is the figure). It prints one JSON document on stdout:
 // per N, p50/p99 (in ms) of every request kind, split by pod class for create.
 // "{running}" in the plugin command is replaced by N (a state directory per round).
 //
@@ -59,6 +59,7 @@ type Round struct {
 	Requests    map[string]Stats `json:"requests"`
 	Restart     *float64         `json:"restart_ms,omitempty"`
 	RestartSync *float64         `json:"restart_synchronize_ms,omitempty"`
+	Restarts    []float64        `json:"restarts_ms,omitempty"`
 	PluginRSS   float64          `json:"plugin_rss_mb"`
 	// Unadjusted counts the timed creates whose reply carried no CPU set: the
 	// adaptation answered them without the plugin (it closed the plugin on a
@@ -307,8 +308,10 @@ func (r *runtime) onPath(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// round measures one count of running containers; restart: also a plugin restart.
-func round(socket string, running, cycles, warmup int, restart bool, args []string, logFile *os.File, timeout time.Duration) (*Round, error) {
+// round measures one count of running containers; restart: also that many
+// plugin restarts (their median is the figure: one start is one sample of a
+// process's scheduling on a shared machine).
+func round(socket string, running, cycles, warmup, restart int, args []string, logFile *os.File, timeout time.Duration) (*Round, error) {
 	r := &runtime{synced: make(chan float64, 4), syncErrs: make(chan error, 4)}
 	for i := 0; i < running; i++ {
 		p := newPod(fmt.Sprintf("b%d", i), "burstable/", nil)
@@ -363,7 +366,8 @@ func round(socket string, running, cycles, warmup int, restart bool, args []stri
 	}
 	out.PluginRSS = p.rssMB()
 	out.Unadjusted = r.unadjusted
-	if restart {
+	var restarts, syncs []float64
+	for i := 0; i < restart; i++ {
 		p.stop()
 		t1 := time.Now()
 		if p, err = launch(args, running, logFile); err != nil {
@@ -373,8 +377,11 @@ func round(socket string, running, cycles, warmup int, restart bool, args []stri
 		if err != nil {
 			return nil, fmt.Errorf("restart: %w", err)
 		}
-		ms := msSince(t1)
-		out.Restart, out.RestartSync = &ms, &sync
+		restarts, syncs = append(restarts, msSince(t1)), append(syncs, sync)
+	}
+	if len(restarts) > 0 {
+		ms, sync := quantile(restarts, 0.5), quantile(syncs, 0.5)
+		out.Restart, out.RestartSync, out.Restarts = &ms, &sync, restarts
 	}
 	return out, nil
 }
@@ -384,7 +391,7 @@ func main() {
 	counts := flag.String("running", "0,100,500,1000", "counts of running containers, one round each")
 	cycles := flag.Int("cycles", 100, "HP and LP pods created and removed per round (each)")
 	warmup := flag.Int("warmup", 5, "cycles before the timed ones in each round (not counted)")
-	restart := flag.Bool("restart", true, "at the largest count, also time a plugin restart")
+	restarts := flag.Int("restarts", 5, "at the largest count, also time this many plugin restarts (their median)")
 	logPath := flag.String("plugin-log", os.DevNull, "where the plugin's output goes")
 	timeout := flag.Duration("timeout", 60*time.Second, "registration and request timeout")
 	flag.Parse()
@@ -418,7 +425,11 @@ func main() {
 	}
 	res := Result{Peer: "containerd/nri adaptation", Cycles: *cycles}
 	for _, n := range ns {
-		rd, err := round(*socket, n, *cycles, *warmup, *restart && n == largest, args, logFile, *timeout)
+		restart := 0
+		if n == largest {
+			restart = *restarts
+		}
+		rd, err := round(*socket, n, *cycles, *warmup, restart, args, logFile, *timeout)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "peer: %d running containers: %v\n", n, err)
 			os.Exit(1)
