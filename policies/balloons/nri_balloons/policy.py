@@ -467,7 +467,9 @@ class BalloonsPolicy:
         if bdef.components:
             return new_composite(self, bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
-        self.device_hints.pop(bln.name, None)
+        hints = self.device_hints
+        if hints:  # (usually none: no name to format)
+            hints.pop(bln.name, None)
         if member is not None:
             self._attach_device_hints(bln, member)
         if bdef.min_cpus:
@@ -490,6 +492,8 @@ class BalloonsPolicy:
             self.device_hints[bln.name] = (member.id, hints)
 
     def _drop_device_hints(self, bln: Balloon, container_id: str, pretty: str) -> None:
+        if not self.device_hints:
+            return
         got = self.device_hints.get(bln.name)
         if got is not None and got[0] == container_id:
             del self.device_hints[bln.name]
@@ -500,7 +504,8 @@ class BalloonsPolicy:
             )
 
     def _tree(self, bln: Balloon) -> CpuTreeAllocator:
-        got = self.device_hints.get(bln.name)
+        hints = self.device_hints
+        got = hints.get(bln.name) if hints else None
         return self.placement.trees.for_resize(
             bln.bdef, self.balloons, got[1] if got is not None else None
         )
@@ -548,8 +553,9 @@ class BalloonsPolicy:
                 self.deflate(bln, -delta)
         finally:
             balloonclass.use(self.cpu_classes, bln)
-        if delta > 0:
-            self.cpu_classes.pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
+        pct = self.cpu_classes.pct
+        if delta > 0 and pct.mode:  # (log_placement logs nothing without PCT)
+            pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
 
     def inflate(self, bln: Balloon, count: int, exclude: int) -> None:
         """Give ``bln`` ``count`` more CPUs, free ones but ``exclude`` (upstream
@@ -584,8 +590,11 @@ class BalloonsPolicy:
         self.free |= remove
 
     def delete(self, bln: Balloon, append: bool = True) -> None:
-        log.debug("deleting balloon %s", bln.name)
-        self.device_hints.pop(bln.name, None)
+        if log.isEnabledFor(logging.DEBUG):  # the name formatted for debug only
+            log.debug("deleting balloon %s", bln.name)
+        hints = self.device_hints
+        if hints:
+            hints.pop(bln.name, None)
         for b in bln.walk():
             balloonclass.forget(self.cpu_classes, b.cpus)
             self.free |= b.cpus
@@ -597,7 +606,9 @@ class BalloonsPolicy:
         """Shared idle CPUs of every balloon (§9)."""
         free, topology = self.free, self.topology
         for bln in self.balloons:
-            bln.shared_idle = share_idle(bln.cpus, free, bln.bdef.share_idle_cpus_in_same, topology)
+            level = bln.bdef.share_idle_cpus_in_same
+            # share_idle shares nothing for no level (most types): not called
+            bln.shared_idle = share_idle(bln.cpus, free, level, topology) if level else 0
 
     # -- containers ------------------------------------------------------------------
 
@@ -673,7 +684,8 @@ class BalloonsPolicy:
                 del bln.groups[member.group]
         try:
             if not bln.members:
-                log.debug("all containers removed, free balloon allocation %s", bln.name)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("all containers removed, free balloon allocation %s", bln.name)
                 self.resize(bln, 0)
                 if len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
                     self.delete(bln)
