@@ -975,7 +975,15 @@ class _MemberAnnotations(msgspec.Struct, frozen=True):
 
     @classmethod
     def read(cls, pod: Pod, container_id: str, name: str) -> _MemberAnnotations:
-        if not pod.annotations:  # nothing to look up (the container's own are not sent)
+        annotations = pod.annotations
+        # nothing to look up: no annotations (the container's own are not
+        # sent), or a few and none of these keys' (every name effective looks
+        # up begins with its key: the pod's, a container's or the key); many
+        # are looked up, not scanned (a hostile pod's: a lookup is O(1))
+        if not annotations or (
+            len(annotations) <= SCAN_ANNOTATIONS
+            and not any(map(_starts_pinning_key, annotations))
+        ):
             return cls(pod=pod, hide=None, memory_preserved=False, memory_type=None)
         ctr = Container(id=container_id, name=name)
         return cls(
@@ -984,6 +992,19 @@ class _MemberAnnotations(msgspec.Struct, frozen=True):
             memory_preserved=ann.memory_preserved(pod, ctr),
             memory_type=ann.effective(ann.MEMORY_TYPE, pod, ctr),
         )
+
+
+_PINNING_KEYS = (ann.HIDE_HYPERTHREADS, ann.MEMORY_PRESERVE, ann.MEMORY_TYPE)
+"""the annotations a member's pinning reads (:class:`_MemberAnnotations`)"""
+
+SCAN_ANNOTATIONS = 32
+"""A pod with at most this many annotations has its names scanned for the
+pinning's keys before they are looked up (none: nothing looked up); more
+are looked up at once (their scan would cost per annotation)."""
+
+
+def _starts_pinning_key(name: str) -> bool:
+    return name.startswith(_PINNING_KEYS)
 
 
 def _with_gone(
