@@ -981,8 +981,7 @@ class _MemberAnnotations(msgspec.Struct, frozen=True):
         # up begins with its key: the pod's, a container's or the key); many
         # are looked up, not scanned (a hostile pod's: a lookup is O(1))
         if not annotations or (
-            len(annotations) <= SCAN_ANNOTATIONS
-            and not any(map(_starts_pinning_key, annotations))
+            len(annotations) <= SCAN_ANNOTATIONS and not any(map(_starts_pinning_key, annotations))
         ):
             return cls(pod=pod, hide=None, memory_preserved=False, memory_type=None)
         ctr = Container(id=container_id, name=name)
