@@ -394,6 +394,9 @@ class BalloonsPolicy:
         )
 
     def _best(self, method: FillMethod, candidates: list[Balloon], fill: _Fill) -> Balloon:
+        if len(candidates) == 1:  # (a new balloon's method: nothing to compare)
+            return candidates[0]
+
         def key(b: Balloon) -> tuple[int, int]:
             if method is FillMethod.BALANCED_INFLATE:
                 free = b.max_free_milli(fill.available)
@@ -479,7 +482,10 @@ class BalloonsPolicy:
     def _attach_device_hints(self, bln: Balloon, member: Member) -> None:
         """Resolve the type's ``podresourceapi:`` entries for ``member`` from the
         pod-resources cache (never the kubelet: nothing here waits)."""
-        entries = pod_resource_entries(bln.bdef.prefer_close_to_devices)
+        close = bln.bdef.prefer_close_to_devices
+        if not close:  # (most types)
+            return
+        entries = pod_resource_entries(close)
         if not entries:
             return
         devices = None

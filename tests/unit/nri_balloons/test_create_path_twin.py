@@ -4,7 +4,8 @@ idle CPUs and device-hint look-ups are the code before they skipped what had
 nothing to do (formatting a balloon's name for an empty device-hint map or a
 debug line that is off, ``log_placement`` without PCT, ``share_idle`` for a
 type without ``shareIdleCPUsInSame``; kept here verbatim) takes the same
-random create/remove sequences as the current one: at every step both hold
+random create/remove sequences as the current one (device hints attached
+only for a type with close-to devices): at every step both hold
 the same balloons with the same CPUs, shared idle CPUs and members, pin the
 same and log the same lines (debug on and off), with PCT (the in-process
 helper of :mod:`pct_helpers`), with pod-resource device hints, and without."""
@@ -25,6 +26,7 @@ from nri_balloons.composite import new_composite, resize_composite
 from nri_balloons.config import BalloonType
 from nri_balloons.configyaml import load_policy
 from nri_balloons.cputree import CpuTreeAllocator
+from nri_balloons.devices import pod_resource_entries, pod_resource_hints
 from nri_balloons.gofmt import quote
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.sizing import share_idle
@@ -66,6 +68,19 @@ class PreviousPolicy(BalloonsPolicy):
         if bdef.min_cpus:
             self.resize(bln, bdef.min_cpus * 1000)
         return bln
+
+    def _attach_device_hints(self, bln: Balloon, member: Member) -> None:
+        entries = pod_resource_entries(bln.bdef.prefer_close_to_devices)
+        if not entries:
+            return
+        devices = None
+        if self.pod_devices is not None:
+            devices = self.pod_devices(member.namespace, member.pod_name, member.name)
+        hints = pod_resource_hints(
+            entries, self.topology, self.allowed, devices, member.id, member.pretty
+        )
+        if hints:
+            self.device_hints[bln.name] = (member.id, hints)
 
     def _drop_device_hints(self, bln: Balloon, container_id: str, pretty: str) -> None:
         got = self.device_hints.get(bln.name)
