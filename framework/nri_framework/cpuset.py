@@ -18,6 +18,10 @@ MAX_IDS = 8192
 #: and their memory nodes' sets with room to spare; bounded, since a set of
 #: MAX_IDS ids formats to kilobytes.
 FORMAT_CACHE = 512
+#: :func:`ids` walks a set of at most this many ids bit by bit, not by runs:
+#: as fast for a run of this many, faster for fewer or spread ones (the two
+#: threads of a core are two runs)
+SPARSE_IDS = 4
 
 
 class CpusetError(ValueError):
@@ -90,7 +94,17 @@ def from_ids(ids: Iterable[int]) -> int:
 
 
 def ids(mask: int) -> list[int]:
-    """Bitmask -> ascending list of ids."""
+    """Bitmask -> ascending list of ids. A set of at most :data:`SPARSE_IDS`
+    ids is walked bit by bit (a balloon of a core or two, a decision's
+    changed CPUs), a larger one run by run (:func:`ranges`)."""
+    count = mask.bit_count()
+    if count <= SPARSE_IDS and mask > 0:
+        few: list[int] = []
+        for _ in range(count):  # (a for: a negative mask's bits never run out)
+            low = mask & -mask
+            few.append(low.bit_length() - 1)
+            mask ^= low
+        return few
     out: list[int] = []
     for a, b in ranges(mask):
         out.extend(range(a, b + 1))

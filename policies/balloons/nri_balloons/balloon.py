@@ -70,12 +70,20 @@ class Members(dict[str, Member]):
 
     def _count(self, member: Member, sign: int) -> None:
         self.requested += sign * member.request
-        for counts, key in ((self.pods, member.pod_id), (self.namespaces, member.namespace)):
-            n = counts.get(key, 0) + sign
-            if n:
-                counts[key] = n
-            else:
-                del counts[key]
+        # the pod's count, then the namespace's (written out: no pairs to
+        # build and walk per member that comes or goes)
+        pods, key = self.pods, member.pod_id
+        n = pods.get(key, 0) + sign
+        if n:
+            pods[key] = n
+        else:
+            del pods[key]
+        namespaces, key = self.namespaces, member.namespace
+        n = namespaces.get(key, 0) + sign
+        if n:
+            namespaces[key] = n
+        else:
+            del namespaces[key]
 
     def __delitem__(self, cid: str) -> None:
         self._count(self[cid], -1)

@@ -197,6 +197,11 @@ class CpuClassHandler:
         """domain -> its CPUs in ``domain_of`` (in the order of their lowest CPU)"""
         self.defs: dict[str, ClassDef] = {}
         """synthetic name -> resolved definition"""
+        self._uncore_limited: bool | None = None
+        """whether a class of :attr:`defs` has uncore limits (None: not known
+        since :meth:`configure`; :meth:`_set_def` changes no class's having
+        them: it resolves the same fields with another turbo frequency, and a
+        symbolic one resolves to a frequency, never 0, with platform info)"""
         self.cpu_class: dict[int, str] = {}
         """cpu -> synthetic class name ("" = no class: never written)"""
         self._class_cpus: dict[str, int] = {}
@@ -255,6 +260,7 @@ class CpuClassHandler:
             in_domain = self.domain_of[cpu]
             self._domain_cpus[in_domain] = self._domain_cpus.get(in_domain, 0) | 1 << cpu
         self.defs = {}
+        self._uncore_limited = None
         self._want_cstates = {}
         self.dirty |= cpuset.from_ids(c for c, name in self.cpu_class.items() if name)
         self.cpu_class = {}
@@ -583,7 +589,11 @@ class CpuClassHandler:
 
     def _plan_uncore(self, plan: _Plan) -> None:
         """Per die of a dirty CPU: the highest limits of the classes on the die."""
-        limited = any(d.uncore_min_freq or d.uncore_max_freq for d in self.defs.values())
+        limited = self._uncore_limited
+        if limited is None:  # the classes changed since the last plan
+            limited = self._uncore_limited = any(
+                d.uncore_min_freq or d.uncore_max_freq for d in self.defs.values()
+            )
         if not limited and not log.isEnabledFor(logging.DEBUG):
             return  # every die would have "no limits in effect" (a debug line)
         cpus = self.topology.cpus

@@ -394,6 +394,9 @@ class BalloonsPolicy:
         )
 
     def _best(self, method: FillMethod, candidates: list[Balloon], fill: _Fill) -> Balloon:
+        if len(candidates) == 1:  # (a new balloon's method: nothing to compare)
+            return candidates[0]
+
         def key(b: Balloon) -> tuple[int, int]:
             if method is FillMethod.BALANCED_INFLATE:
                 free = b.max_free_milli(fill.available)
@@ -467,7 +470,9 @@ class BalloonsPolicy:
         if bdef.components:
             return new_composite(self, bdef, instance)
         bln = Balloon(bdef=bdef, instance=instance)
-        self.device_hints.pop(bln.name, None)
+        hints = self.device_hints
+        if hints:  # (usually none: no name to format)
+            hints.pop(bln.name, None)
         if member is not None:
             self._attach_device_hints(bln, member)
         if bdef.min_cpus:
@@ -477,7 +482,10 @@ class BalloonsPolicy:
     def _attach_device_hints(self, bln: Balloon, member: Member) -> None:
         """Resolve the type's ``podresourceapi:`` entries for ``member`` from the
         pod-resources cache (never the kubelet: nothing here waits)."""
-        entries = pod_resource_entries(bln.bdef.prefer_close_to_devices)
+        close = bln.bdef.prefer_close_to_devices
+        if not close:  # (most types)
+            return
+        entries = pod_resource_entries(close)
         if not entries:
             return
         devices = None
@@ -490,6 +498,8 @@ class BalloonsPolicy:
             self.device_hints[bln.name] = (member.id, hints)
 
     def _drop_device_hints(self, bln: Balloon, container_id: str, pretty: str) -> None:
+        if not self.device_hints:
+            return
         got = self.device_hints.get(bln.name)
         if got is not None and got[0] == container_id:
             del self.device_hints[bln.name]
@@ -500,7 +510,8 @@ class BalloonsPolicy:
             )
 
     def _tree(self, bln: Balloon) -> CpuTreeAllocator:
-        got = self.device_hints.get(bln.name)
+        hints = self.device_hints
+        got = hints.get(bln.name) if hints else None
         return self.placement.trees.for_resize(
             bln.bdef, self.balloons, got[1] if got is not None else None
         )
@@ -548,8 +559,9 @@ class BalloonsPolicy:
                 self.deflate(bln, -delta)
         finally:
             balloonclass.use(self.cpu_classes, bln)
-        if delta > 0:
-            self.cpu_classes.pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
+        pct = self.cpu_classes.pct
+        if delta > 0 and pct.mode:  # (log_placement logs nothing without PCT)
+            pct.log_placement(bln.name, self.balloon_class(bdef), bln.cpus)
 
     def inflate(self, bln: Balloon, count: int, exclude: int) -> None:
         """Give ``bln`` ``count`` more CPUs, free ones but ``exclude`` (upstream
@@ -584,8 +596,11 @@ class BalloonsPolicy:
         self.free |= remove
 
     def delete(self, bln: Balloon, append: bool = True) -> None:
-        log.debug("deleting balloon %s", bln.name)
-        self.device_hints.pop(bln.name, None)
+        if log.isEnabledFor(logging.DEBUG):  # the name formatted for debug only
+            log.debug("deleting balloon %s", bln.name)
+        hints = self.device_hints
+        if hints:
+            hints.pop(bln.name, None)
         for b in bln.walk():
             balloonclass.forget(self.cpu_classes, b.cpus)
             self.free |= b.cpus
@@ -597,7 +612,9 @@ class BalloonsPolicy:
         """Shared idle CPUs of every balloon (§9)."""
         free, topology = self.free, self.topology
         for bln in self.balloons:
-            bln.shared_idle = share_idle(bln.cpus, free, bln.bdef.share_idle_cpus_in_same, topology)
+            level = bln.bdef.share_idle_cpus_in_same
+            # share_idle shares nothing for no level (most types): not called
+            bln.shared_idle = share_idle(bln.cpus, free, level, topology) if level else 0
 
     # -- containers ------------------------------------------------------------------
 
@@ -673,7 +690,8 @@ class BalloonsPolicy:
                 del bln.groups[member.group]
         try:
             if not bln.members:
-                log.debug("all containers removed, free balloon allocation %s", bln.name)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("all containers removed, free balloon allocation %s", bln.name)
                 self.resize(bln, 0)
                 if len(self.instances(bln.bdef)) > bln.bdef.min_balloons:
                     self.delete(bln)
@@ -963,7 +981,14 @@ class _MemberAnnotations(msgspec.Struct, frozen=True):
 
     @classmethod
     def read(cls, pod: Pod, container_id: str, name: str) -> _MemberAnnotations:
-        if not pod.annotations:  # nothing to look up (the container's own are not sent)
+        annotations = pod.annotations
+        # nothing to look up: no annotations (the container's own are not
+        # sent), or a few and none of these keys' (every name effective looks
+        # up begins with its key: the pod's, a container's or the key); many
+        # are looked up, not scanned (a hostile pod's: a lookup is O(1))
+        if not annotations or (
+            len(annotations) <= SCAN_ANNOTATIONS and not any(map(_starts_pinning_key, annotations))
+        ):
             return cls(pod=pod, hide=None, memory_preserved=False, memory_type=None)
         ctr = Container(id=container_id, name=name)
         return cls(
@@ -972,6 +997,19 @@ class _MemberAnnotations(msgspec.Struct, frozen=True):
             memory_preserved=ann.memory_preserved(pod, ctr),
             memory_type=ann.effective(ann.MEMORY_TYPE, pod, ctr),
         )
+
+
+_PINNING_KEYS = (ann.HIDE_HYPERTHREADS, ann.MEMORY_PRESERVE, ann.MEMORY_TYPE)
+"""the annotations a member's pinning reads (:class:`_MemberAnnotations`)"""
+
+SCAN_ANNOTATIONS = 32
+"""A pod with at most this many annotations has its names scanned for the
+pinning's keys before they are looked up (none: nothing looked up); more
+are looked up at once (their scan would cost per annotation)."""
+
+
+def _starts_pinning_key(name: str) -> bool:
+    return name.startswith(_PINNING_KEYS)
 
 
 def _with_gone(

@@ -45,3 +45,47 @@ def test_pods_and_namespaces_follow_every_change() -> None:
     ms.clear()
     check(ms)
     assert ms.pods == {} and ms.namespaces == {}
+
+
+class PreviousMembers(Members):
+    """The counts kept as they were (the oracle): a loop over (counts, key) pairs."""
+
+    def _count(self, member: Member, sign: int) -> None:
+        self.requested += sign * member.request
+        for counts, key in ((self.pods, member.pod_id), (self.namespaces, member.namespace)):
+            n = counts.get(key, 0) + sign
+            if n:
+                counts[key] = n
+            else:
+                del counts[key]
+
+
+def test_the_counts_equal_the_previous_code_on_random_changes() -> None:
+    import random
+
+    rng = random.Random(1202)
+    for _ in range(40):
+        twins = [Members(), PreviousMembers()]
+        for _ in range(150):
+            cid = f"c{rng.randrange(12)}"
+            new = member(cid, f"p{rng.randrange(5)}", f"n{rng.randrange(3)}", rng.randrange(1, 900))
+            op = rng.random()
+            for ms in twins:
+                if op < 0.5:
+                    ms[cid] = new
+                elif op < 0.7:
+                    ms.pop(cid, None)
+                elif op < 0.8 and cid in ms:
+                    del ms[cid]
+                elif op < 0.85 and ms:
+                    ms.popitem()
+                elif op < 0.87:
+                    ms.clear()
+                else:
+                    ms.update({cid: new})
+            a, b = twins
+            assert list(a.items()) == list(b.items())
+            assert list(a.pods.items()) == list(b.pods.items())
+            assert list(a.namespaces.items()) == list(b.namespaces.items())
+            assert a.requested == b.requested
+            check(a)
