@@ -12,27 +12,12 @@ tests with ``openssl req -x509``; its key is no secret).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from nri_framework.simulate.sysfs import write_topology
 
 TLS = Path(__file__).resolve().parents[2] / "data" / "tls"
-
-
-def _python(code: str, *argv: str) -> list[str]:
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    lines = [x[4:] for x in out.stdout.splitlines() if x.startswith("OUT ")]
-    assert lines, out.stderr[-3000:]
-    return lines
 
 
 #: a whole start of the launch: the policy host made on a real sysfs tree, the
@@ -46,11 +31,13 @@ print("OUT", rc, "asyncio" in sys.modules, "ssl" in sys.modules, "_ssl" in sys.m
 """
 
 
-def test_a_run_starts_without_loading_openssl(tmp_path: Path) -> None:
+def test_a_run_starts_without_loading_openssl(
+    tmp_path: Path, python_lines: Callable[..., list[str]]
+) -> None:
     host_root = write_topology(tmp_path / "host", "n4c16")
     argv = ["run", "--policy", "pinner", "--host-root", str(host_root), "--exit-on-disconnect"]
     argv += ["--state-dir", str(tmp_path / "state"), "--nri-socket", str(tmp_path / "nri.sock")]
-    assert _python(_RUN, *argv) == ["1 True False False"]
+    assert python_lines(_RUN, *argv) == ["1 True False False"]
 
 
 _AGENT = """
@@ -90,7 +77,9 @@ server.shutdown()
 """
 
 
-def test_the_agents_client_speaks_tls_after_the_launch(tmp_path: Path) -> None:
+def test_the_agents_client_speaks_tls_after_the_launch(
+    tmp_path: Path, python_lines: Callable[..., list[str]]
+) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     config = {
         "apiVersion": "v1",
@@ -111,10 +100,12 @@ def test_the_agents_client_speaks_tls_after_the_launch(tmp_path: Path) -> None:
     kubeconfig.write_text(json.dumps(config))
     cert, key = str(TLS / "loopback.crt"), str(TLS / "loopback.key")
     # asyncio without OpenSSL; then the client's TLS (verified against the CA) works
-    assert _python(_AGENT, cert, key, str(kubeconfig)) == ["before False None", "node-1 True"]
+    assert python_lines(_AGENT, cert, key, str(kubeconfig)) == ["before False None", "node-1 True"]
 
 
-def test_a_process_that_has_ssl_already_keeps_asyncios_tls() -> None:
+def test_a_process_that_has_ssl_already_keeps_asyncios_tls(
+    python_lines: Callable[..., list[str]],
+) -> None:
     code = """
     import ssl, sys
     from nri_framework import launch
@@ -122,4 +113,4 @@ def test_a_process_that_has_ssl_already_keeps_asyncios_tls() -> None:
     import asyncio.base_events
     print("OUT", asyncio.base_events.ssl is ssl, sys.modules["ssl"] is ssl)
     """
-    assert _python(code) == ["True True"]
+    assert python_lines(code) == ["True True"]

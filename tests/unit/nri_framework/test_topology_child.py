@@ -15,11 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -225,15 +222,10 @@ except ChildProcessError:
 """
 
 
-def test_a_run_takes_the_topology_of_its_launch_child(tmp_path: Path) -> None:
+def test_a_run_takes_the_topology_of_its_launch_child(
+    tmp_path: Path, python_lines: Callable[..., list[str]]
+) -> None:
     root = write_topology(tmp_path / "host", "n4c16")
     argv = ["run", "--policy", "balloons", "--host-root", str(root)]
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_RUN), *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    lines = [x[4:] for x in out.stdout.splitlines() if x.startswith("OUT ")]
-    assert lines == ["16 False"], out.stderr[-3000:]  # and no child left unreaped
+    lines = python_lines(_RUN, *argv)
+    assert lines == ["16 False"]  # and no child left unreaped
