@@ -176,6 +176,30 @@ SLOTS = int(os.environ.get("NRI_DEV_SLOTS", "2"))
 """Envs run at once: the CI machine's two cores."""
 HEARTBEAT = 60.0
 """Seconds between two "still running" lines when no env printed anything."""
+SHM = Path("/dev/shm")
+SCRATCH_NEED = 2 << 30
+"""Free bytes the tiers' temp trees need beside each other (tox.ini's TMPDIR,
+``NRI_TEST_TMPDIR``): a unit tier peaks at ~0.4 GB and ~115k files of sysfs
+trees. Where /dev/shm has less, the trees go to the disk's temp directory:
+slower, never out of space."""
+
+
+def scratch_base(shm: Path = SHM, need: int = SCRATCH_NEED) -> tuple[Path, str]:
+    """Where the envs' temp directories go, and why: ``shm`` (memory, as sysfs
+    is) when it has ``need`` bytes and ``need // 4096`` files free, else the
+    disk's temp directory."""
+    disk = Path(tempfile.gettempdir())
+    try:
+        st = os.statvfs(shm)
+    except OSError as e:
+        return disk, f"{shm} is not usable ({e.strerror})"
+    free, files = st.f_bavail * st.f_frsize, st.f_favail
+    if free < need or (st.f_files and files < need // 4096):
+        return (
+            disk,
+            f"{shm} has {free >> 20} MiB and {files} files free, less than {need >> 20} MiB",
+        )
+    return shm, f"{shm} has {free >> 20} MiB free"
 
 
 def build_wheel(py: Path, out: Path) -> Path:
@@ -197,13 +221,24 @@ class Job:
     """When any job last printed a line (the heartbeat's clock)."""
 
     def __init__(
-        self, env: str, alone: bool, cmd: list[Any], log: Path, width: int, out: threading.Lock
+        self,
+        env: str,
+        alone: bool,
+        cmd: list[Any],
+        log: Path,
+        width: int,
+        out: threading.Lock,
+        scratch: Path,
     ) -> None:
         self.env, self.alone, self.log, self.started = env, alone, log, time.monotonic()
         self.seconds = 0.0
+        self.scratch = scratch
+        """The env's own temp directory (``NRI_TEST_TMPDIR``), gone when it ends."""
+        scratch.mkdir(parents=True)
         self.proc = subprocess.Popen(
             [str(c) for c in cmd],
             cwd=ROOT,
+            env={**os.environ, "NRI_TEST_TMPDIR": str(scratch)},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -229,6 +264,7 @@ class Job:
             return False
         self._relay.join()
         self.seconds = time.monotonic() - self.started
+        shutil.rmtree(self.scratch, ignore_errors=True)
         return True
 
     def stop(self) -> None:
@@ -250,11 +286,20 @@ def run_suite(
     suite: tuple[tuple[str, bool], ...],
     slots: int,
     logs: Path,
+    scratch: Path | None = None,
 ) -> int:
     """Run ``command(env)`` for each env of ``suite`` as :data:`SUITE` says, with
-    each env's output in ``logs/ENV.log``; 0 when every env passed."""
+    each env's output in ``logs/ENV.log`` and its temp trees in a directory of
+    its own under ``scratch`` (default: :func:`scratch_base`), removed when the
+    env ends (a failed test's trees too: its output is in the log, and a CI
+    machine's memory is not kept from one run to the next by a failed one);
+    0 when every env passed."""
     logs.mkdir(parents=True, exist_ok=True)
     say(f"{len(suite)} envs, {slots} at a time; each env's whole output: {logs}/ENV.log")
+    if scratch is None:
+        scratch, why = scratch_base()
+        say(f"temp trees under {scratch}: {why}")
+    scratch = Path(tempfile.mkdtemp(prefix="nri-dev-test-", dir=scratch))
     width = max(len(env) for env, _ in suite)
     out = threading.Lock()
     waiting = list(suite)
@@ -274,7 +319,8 @@ def run_suite(
                 if alone and running:
                     break
                 waiting.pop(0)
-                running.append(Job(env, alone, command(env), logs / f"{env}.log", width, out))
+                log = logs / f"{env}.log"
+                running.append(Job(env, alone, command(env), log, width, out, scratch / env))
             if time.monotonic() - Job.last_line > HEARTBEAT:
                 with out:
                     now = time.monotonic()
@@ -288,6 +334,8 @@ def run_suite(
         for job in running:
             job.proc.wait()
         raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     failed = [j for j in finished if j.proc.returncode != 0]
     for job in failed:  # the failures' output once more, whole
         print(f"\n{'=' * 30} {job.env} (FAILED): {job.log}", flush=True)
@@ -314,6 +362,7 @@ def cmd_test(rest: list[str]) -> int:
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     tox: list[Any] = [py, "-m", "tox", "--workdir", str(ROOT / ".tox")]
     envs = rest or ["ALL"]
+    given = os.environ.get("NRI_TEST_TMPDIR")
     if envs == ["ALL"]:
         wheel = build_wheel(py, ROOT / ".tox" / "dev-dist")
         return run_suite(
@@ -321,7 +370,12 @@ def cmd_test(rest: list[str]) -> int:
             SUITE,
             SLOTS,
             ROOT / ".tox" / "dev-logs",
+            Path(given) if given else None,
         )
+    if not given:
+        base, why = scratch_base()
+        say(f"temp trees under {base}: {why}")
+        os.environ["NRI_TEST_TMPDIR"] = str(base)
     return subprocess.call([*tox, "run", "-e", ",".join(envs)], cwd=ROOT)
 
 

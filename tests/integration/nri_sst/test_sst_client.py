@@ -109,8 +109,8 @@ def test_sync_client_no_helper_raises_within_timeout(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def host_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_topology(tmp_path_factory.mktemp("xeon") / "host", "xeon-6776p")
+def host_root(module_tmp: Path) -> Path:
+    return write_topology(module_tmp / "host", "xeon-6776p")
 
 
 @pytest.fixture

@@ -55,8 +55,8 @@ def host_root() -> Path:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def shared_root(tmp_path_factory: pytest.TempPathFactory) -> None:
-    _ROOT.append(write_topology(tmp_path_factory.mktemp("pct") / "root", "xeon-6776p"))
+def shared_root(module_tmp: Path) -> None:
+    _ROOT.append(write_topology(module_tmp / "root", "xeon-6776p"))
 
 
 class Clock:

@@ -54,8 +54,8 @@ LP fallback (CLOS 3)."""
 
 
 @pytest.fixture(scope="module")
-def root16(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_topology(tmp_path_factory.mktemp("pct16") / "root", "pct16")
+def root16(module_tmp: Path) -> Path:
+    return write_topology(module_tmp / "root", "pct16")
 
 
 def make16(root: Path, text: str = CORES, config: SimConfig = SIM16):  # type: ignore[no-untyped-def]

@@ -16,8 +16,8 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pct-managed"
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> PolicyHost:
-    root = tmp_path_factory.mktemp("host")
+def host(module_tmp: Path) -> PolicyHost:
+    root = module_tmp / "host"
     write_topology(root, "xeon-6776p")
     host = PolicyHost(
         "balloons",

@@ -25,18 +25,18 @@ NODE = "sys/devices/system/node"
 
 
 @pytest.fixture(scope="module")
-def n4c16(tmp_path_factory: pytest.TempPathFactory) -> Topology:
-    return Topology.from_sysfs(write_topology(tmp_path_factory.mktemp("n4c16"), N4C16))
+def n4c16(module_tmp: Path) -> Topology:
+    return Topology.from_sysfs(write_topology(module_tmp / "n4c16", N4C16))
 
 
 @pytest.fixture(scope="module")
-def xeon(tmp_path_factory: pytest.TempPathFactory) -> Topology:
-    return Topology.from_sysfs(write_topology(tmp_path_factory.mktemp("xeon"), XEON_6776P))
+def xeon(module_tmp: Path) -> Topology:
+    return Topology.from_sysfs(write_topology(module_tmp / "xeon", XEON_6776P))
 
 
 @pytest.fixture(scope="module")
-def s8c4k(tmp_path_factory: pytest.TempPathFactory) -> Topology:
-    return Topology.from_sysfs(write_topology(tmp_path_factory.mktemp("s8c4k"), S8C4K))
+def s8c4k(module_tmp: Path) -> Topology:
+    return Topology.from_sysfs(write_topology(module_tmp / "s8c4k", S8C4K))
 
 
 def masks(d: dict[int, int]) -> dict[int, str]:

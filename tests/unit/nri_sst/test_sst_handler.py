@@ -17,12 +17,12 @@ from .test_sst_messages import REQUESTS
 
 
 @pytest.fixture(scope="module")
-def handler(tmp_path_factory: pytest.TempPathFactory) -> RequestHandler:
+def handler(module_tmp: Path) -> RequestHandler:
     from nri_framework.simulate.sysfs import write_topology
 
     from .conftest import SMALL
 
-    return fresh_handler(write_topology(tmp_path_factory.mktemp("fuzz") / "host", SMALL))
+    return fresh_handler(write_topology(module_tmp / "host", SMALL))
 
 
 def fresh_handler(root: Path) -> RequestHandler:

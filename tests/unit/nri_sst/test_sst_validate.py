@@ -21,13 +21,13 @@ def handler(small_root: Path) -> RequestHandler:
 
 
 @pytest.fixture(scope="module")
-def ro_handler(tmp_path_factory: pytest.TempPathFactory) -> RequestHandler:
+def ro_handler(module_tmp: Path) -> RequestHandler:
     """Shared by the rejection cases: a rejected request writes nothing."""
     from nri_framework.simulate.sysfs import write_topology
 
     from .conftest import SMALL
 
-    h = RequestHandler(SimBackend(SMALL_SIM), write_topology(tmp_path_factory.mktemp("v"), SMALL))
+    h = RequestHandler(SimBackend(SMALL_SIM), write_topology(module_tmp / "v", SMALL))
     h.peers.add(b"")
     return h
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,6 +37,13 @@ def mark(what):
     with open(rec, "a") as f:
         f.write(f"{time.monotonic()} {what} {env}\\n")
 mark("start")
+scratch = os.environ["NRI_TEST_TMPDIR"]
+with open(os.path.join(scratch, "tree"), "w") as f:  # what a tier's fixtures leave
+    f.write(env)
+with open(rec, "a") as f:
+    f.write(f"{time.monotonic()} scratch:{scratch} {env}\\n")
+    present = ",".join(sorted(os.listdir(os.path.dirname(scratch))))
+    f.write(f"{time.monotonic()} present:{present} {env}\\n")
 time.sleep(0.3)
 print(f"output of {env}", flush=True)
 print(f"======= {passed} passed in 0.30s =======" if rc == 0 else
@@ -54,9 +62,17 @@ def _run(tmp_path: Path, suite: tuple[tuple[str, bool], ...], slots: int, fail: 
         rc = 3 if env in fail else 0
         return [sys.executable, "-c", _ENV, rec, env, rc, 2]
 
-    rc = dev.run_suite(command, suite, slots, tmp_path / "logs")
+    (tmp_path / "scratch").mkdir()
+    rc = dev.run_suite(command, suite, slots, tmp_path / "logs", tmp_path / "scratch")
     events = [line.split() for line in rec.read_text().splitlines()]
-    return rc, sorted((float(t), what, env) for t, what, env in events)
+    return rc, sorted((float(t), what, env) for t, what, env in events if what in ("start", "end"))
+
+
+def _seen(tmp_path: Path, key: str) -> dict[str, str]:
+    """What each env saw as it started: ``scratch``, its NRI_TEST_TMPDIR;
+    ``present``, the envs' temp dirs there were then."""
+    rows = [line.split() for line in (tmp_path / "record").read_text().splitlines()]
+    return {env: what.partition(":")[2] for _t, what, env in rows if what.startswith(key + ":")}
 
 
 def _most_at_once(events: list[tuple[float, str, str]]) -> tuple[int, dict[str, set[str]]]:
@@ -112,3 +128,32 @@ def test_one_slot_runs_one_env_at_a_time(tmp_path: Path) -> None:
     assert rc == 0
     assert _most_at_once(events)[0] == 1
     assert [env for _t, what, env in events if what == "start"] == ["a", "b", "c"]
+
+
+def test_each_env_has_its_own_temp_dir_and_it_is_gone_when_the_run_ends(tmp_path: Path) -> None:
+    """The CI machine's /dev/shm is not the developer's: a run removes every
+    env's trees, a failed env's too, so no run leaves the next one less room."""
+    rc, _events = _run(tmp_path, (("a", False), ("b", False), ("c", True)), 2, {"b"})
+    assert rc == 1
+    scratches = _seen(tmp_path, "scratch")
+    assert sorted(scratches) == ["a", "b", "c"]
+    assert len(set(scratches.values())) == 3
+    for env, d in scratches.items():
+        assert Path(d).is_relative_to(tmp_path / "scratch"), env
+        assert Path(d).name == env
+        assert not Path(d).exists(), env
+    assert _seen(tmp_path, "present")["c"] == "c"  # a's and b's went as they ended
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_the_temp_trees_go_to_memory_only_where_it_has_room(tmp_path: Path) -> None:
+    dev = _dev()
+    base, why = dev.scratch_base(tmp_path, need=1 << 20)
+    assert base == tmp_path
+    assert "MiB free" in why
+    base, why = dev.scratch_base(tmp_path, need=1 << 60)
+    assert base == Path(tempfile.gettempdir()) and base != tmp_path
+    assert f"{tmp_path} has " in why and "less than" in why
+    base, why = dev.scratch_base(tmp_path / "absent")
+    assert base == Path(tempfile.gettempdir())
+    assert "is not usable" in why

@@ -30,8 +30,8 @@ def read(root: Path, rel: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def xeon(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_topology(tmp_path_factory.mktemp("xeon"), "xeon-6776p")
+def xeon(module_tmp: Path) -> Path:
+    return write_topology(module_tmp / "xeon", "xeon-6776p")
 
 
 def test_xeon_files(xeon: Path) -> None:
