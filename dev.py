@@ -232,13 +232,14 @@ class Job:
     ) -> None:
         self.env, self.alone, self.log, self.started = env, alone, log, time.monotonic()
         self.seconds = 0.0
-        self.scratch = scratch
-        """The env's own temp directory (``NRI_TEST_TMPDIR``), gone when it ends."""
-        scratch.mkdir(parents=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix="nri", dir=scratch))
+        """The env's own temp directory under ``scratch`` (``NRI_TEST_TMPDIR``),
+        gone when it ends: a short name, as the tests' unix sockets live under
+        it and a socket's path has at most 107 bytes."""
         self.proc = subprocess.Popen(
             [str(c) for c in cmd],
             cwd=ROOT,
-            env={**os.environ, "NRI_TEST_TMPDIR": str(scratch)},
+            env={**os.environ, "NRI_TEST_TMPDIR": str(self.scratch)},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -291,15 +292,14 @@ def run_suite(
     """Run ``command(env)`` for each env of ``suite`` as :data:`SUITE` says, with
     each env's output in ``logs/ENV.log`` and its temp trees in a directory of
     its own under ``scratch`` (default: :func:`scratch_base`), removed when the
-    env ends (a failed test's trees too: its output is in the log, and a CI
-    machine's memory is not kept from one run to the next by a failed one);
+    env ends (a failed test's trees too: its output is in the log, and no
+    failed run leaves a CI machine's /dev/shm fuller for the next one);
     0 when every env passed."""
     logs.mkdir(parents=True, exist_ok=True)
     say(f"{len(suite)} envs, {slots} at a time; each env's whole output: {logs}/ENV.log")
     if scratch is None:
         scratch, why = scratch_base()
         say(f"temp trees under {scratch}: {why}")
-    scratch = Path(tempfile.mkdtemp(prefix="nri-dev-test-", dir=scratch))
     width = max(len(env) for env, _ in suite)
     out = threading.Lock()
     waiting = list(suite)
@@ -320,7 +320,7 @@ def run_suite(
                     break
                 waiting.pop(0)
                 log = logs / f"{env}.log"
-                running.append(Job(env, alone, command(env), log, width, out, scratch / env))
+                running.append(Job(env, alone, command(env), log, width, out, scratch))
             if time.monotonic() - Job.last_line > HEARTBEAT:
                 with out:
                     now = time.monotonic()
@@ -335,7 +335,8 @@ def run_suite(
             job.proc.wait()
         raise
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        for job in running:
+            shutil.rmtree(job.scratch, ignore_errors=True)
     failed = [j for j in finished if j.proc.returncode != 0]
     for job in failed:  # the failures' output once more, whole
         print(f"\n{'=' * 30} {job.env} (FAILED): {job.log}", flush=True)
