@@ -51,8 +51,13 @@ class Cache:
         self.dirty_all = True
 
     def put_pod(self, pod: Pod) -> None:
+        """Cache ``pod``; a change for the journal unless the cache holds it
+        already as it is (the runtime sends the pod with every container
+        request and event: a record holds what changed, not what was resent)."""
+        old = self.pods.get(pod.id)
         self.pods[pod.id] = pod
-        self.dirty_pods.add(pod.id)
+        if old is None or (old is not pod and old != pod):
+            self.dirty_pods.add(pod.id)
 
     def put_container(self, container: Container) -> None:
         old = self.containers.get(container.id)

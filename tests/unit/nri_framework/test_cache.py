@@ -63,3 +63,20 @@ def test_a_container_moved_to_another_pod_goes_with_that_pod() -> None:
     assert "c" in cache.containers
     cache.nri_remove_pod_sandbox(Pod(id="b"))
     assert cache.containers == {} and cache._of_pod == {}
+
+
+def test_a_pod_resent_as_it_is_is_not_a_change_for_the_journal() -> None:
+    """The runtime sends the pod with every request and event of its
+    containers: a record holds the pod when it is new or changed, not each
+    time it was resent (the journal grows with what changed)."""
+    cache = Cache()
+    pod = Pod(id="p", name="web", namespace="ns", labels={"a": "1"})
+    cache.put_pod(pod)
+    assert cache.take_changes(1).pods == {"p": pod}
+    cache.put_pod(pod)  # the same object
+    cache.put_pod(Pod(id="p", name="web", namespace="ns", labels={"a": "1"}))  # equal
+    assert cache.take_changes(2).pods == {}
+    changed = Pod(id="p", name="web", namespace="ns", labels={"a": "2"})
+    cache.put_pod(changed)
+    assert cache.take_changes(3).pods == {"p": changed}
+    assert cache.pods["p"] is changed
