@@ -99,6 +99,8 @@ MAX_REPORTED = 20
 """Errors (and warnings) of one configuration that are reported."""
 
 log = logging.getLogger("policy")
+_CPUCLASS_LOG = logging.getLogger("cpuclass")
+"""The CPU classes' logger: a commit without a helper only logs to it."""
 
 
 def first_few(messages: list[str], limit: int = MAX_REPORTED) -> list[str]:
@@ -185,7 +187,12 @@ class Balloons:
             self.rediscovery = asyncio.get_running_loop().create_task(self._rediscover())
         if self.policy is None or self.background is not None:
             return _nothing
-        sent = Exchange(self.commit_steps(wait.timeout), self.policy_writer(), wait.budget)
+        writer = self.policy_writer()
+        if isinstance(writer, NullWriter) and not _CPUCLASS_LOG.isEnabledFor(logging.DEBUG):
+            # no helper: nothing is written, and the writes it would have made
+            # are logged at debug level only; the CPUs stay dirty for then
+            return _nothing
+        sent = Exchange(self.commit_steps(wait.timeout), writer, wait.budget)
         return lambda: self._end_commit(all(sent.finish()))
 
     def _end_commit(self, ok: bool) -> None:

@@ -555,6 +555,48 @@ def test_plugin_without_helper_warns_and_honours_log_debug(
         logging.getLogger("cpuclass").setLevel(logging.NOTSET)
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_without_a_helper_a_decision_plans_no_writes_unless_they_are_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, debug: bool
+) -> None:
+    """No helper: nothing is written, so a decision plans no class writes (its
+    cost on every create); with cpuclass debug logging it plans them to log
+    what it would write, as before."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+
+    root = write_topology(tmp_path / "host", "n4c16")
+    cfg = tmp_path / "balloons.yaml"
+    cfg.write_text(POLICY % {"idle": '""'} + ("log: {debug: [cpuclass]}\n" if debug else ""))
+    plugin = Balloons()
+    try:
+        host = PolicyHost(
+            "balloons", plugin, options={"config_file": str(cfg)}, host_root=str(root)
+        )
+        assert plugin.policy is not None
+        classes = plugin.policy.cpu_classes
+        host.synchronize([], [])
+        classes.dirty = 0
+        caplog.clear()
+        cpu = CpuResources(shares=2048, quota=200_000, period=100_000)
+        pod = Pod(id="p", name="lowlat", namespace="ns", uid="u")
+        ctr = Container(id="c", pod_sandbox_id="p", name="lowlat", resources=Resources(cpu=cpu))
+        result = host.create_container(pod, ctr)
+        assert result.adjustment is not None
+        pinned = cpuset.parse(result.adjustment.resources.cpu.cpus)  # type: ignore[union-attr]
+        not_writing = [
+            r for r in caplog.messages if r.startswith("cpuclass: no SST helper, not writing")
+        ]
+        if debug:
+            assert classes.dirty == 0  # planned (and logged)
+            assert any("SetCpufreq" in r for r in not_writing), caplog.messages
+        else:
+            assert classes.dirty & pinned == pinned  # left for when it is logged
+            assert not_writing == []
+    finally:
+        logging.getLogger("cpuclass").setLevel(logging.NOTSET)
+
+
 class _PerCpuUse(CpuClassHandler):
     """The oracle: ``use`` as it was, splitting by domain and comparing classes
     CPU by CPU."""
