@@ -59,7 +59,8 @@ connection to a running helper takes well under a millisecond, but the
 helper answers the ZMTP greeting from its own loop, which a loaded 2-core
 node may not schedule at once; half the reply budget."""
 MAX_REPLY_SIZE = 4 * 1024 * 1024
-"""Largest reply accepted (ZeroMQ drops a connection sending more; checked
+"""Largest reply accepted (the blocking client's ZMTP end closes a connection
+at the frame header past it, the asyncio client's ZeroMQ drops it; checked
 again before decoding)."""
 
 R = TypeVar("R")
@@ -446,7 +447,7 @@ class SyncHelperClient(_Shell):
         view = memoryview(data)
         while view:
             try:
-                view = view[sock.send(view) :]
+                view = view[sock.send(view, socket.MSG_NOSIGNAL) :]
                 continue
             except BlockingIOError:
                 pass
@@ -466,6 +467,8 @@ class SyncHelperClient(_Shell):
                 while self._read(call, sock, wire, 0):
                     while self._event(call, wire) is not None:
                         pass  # late replies to calls that ended: dropped
+                    if call.remaining() <= 0:
+                        break  # a helper that never stops sending: finish times out
             except HelperUnavailable:
                 sock = wire = None
         if sock is None or wire is None or self.session.needs_socket:

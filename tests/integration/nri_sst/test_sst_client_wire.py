@@ -97,6 +97,8 @@ class Server(threading.Thread):
         self.accepted = 0
         self.eofs = 0
         """Connections that the client closed (read to their end)."""
+        self.flag = threading.Event()
+        """Set by a script when it has done what the test waits for."""
         self.done = threading.Semaphore(0)
         """Released when a connection is closed (its script ended)."""
 
@@ -295,6 +297,33 @@ def test_endless_replies_that_are_not_ours_end_at_the_deadline(
     c = SyncHelperClient(endpoint, timeout=0.2, clock=Ticks())
     with c, pytest.raises(HelperUnavailable, match="did not answer Hello within 200 ms"):
         ends(lambda: c.request(m.Hello(protocol=PROTOCOL_VERSION)))
+
+
+def test_endless_replies_while_idle_end_the_next_call_at_its_deadline(
+    serve: Callable[[Script], tuple[Server, str]],
+) -> None:
+    """The flood starts after an answered call, while the client is idle: the
+    next call's look at what came meanwhile ends at its deadline too. (The
+    bound on that look, the deadline checked between reads, is not what this
+    catches: a flood from a thread of this process does not outpace the
+    reader, whose look ends whenever the socket is empty for a moment.)"""
+
+    def script(s: Server, conn: socket.socket) -> None:
+        wire = handshake(conn)
+        answer(conn, wire, n=2)
+        other = zmtp.encode_frames([b"", b"not-ours", hello_reply()])
+        conn.sendall(other * 100)
+        s.flag.set()
+        while True:
+            conn.sendall(other * 100)
+
+    server, endpoint = serve(script)
+    c = SyncHelperClient(endpoint, timeout=0.2, clock=Ticks())
+    with c:
+        assert isinstance(ends(lambda: c.request(m.TFStatus())), m.TFStatusReply)
+        assert server.flag.wait(LIVENESS)
+        with pytest.raises(HelperUnavailable, match="did not answer TFStatus within 200 ms"):
+            ends(lambda: c.request(m.TFStatus()))
 
 
 def test_a_helper_that_never_answers(serve: Callable[[Script], tuple[Server, str]]) -> None:
