@@ -33,7 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
+import select
+import socket
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     import zmq
     import zmq.asyncio
 
-from nri_sst import PROTOCOL_VERSION
+from nri_sst import PROTOCOL_VERSION, zmtp
 from nri_sst import messages as m
 
 DEFAULT_TIMEOUT = 0.1
@@ -56,7 +59,8 @@ connection to a running helper takes well under a millisecond, but the
 helper answers the ZMTP greeting from its own loop, which a loaded 2-core
 node may not schedule at once; half the reply budget."""
 MAX_REPLY_SIZE = 4 * 1024 * 1024
-"""Largest reply accepted (ZeroMQ drops a connection sending more; checked
+"""Largest reply accepted (the blocking client's ZMTP end closes a connection
+at the frame header past it, the asyncio client's ZeroMQ drops it; checked
 again before decoding)."""
 
 R = TypeVar("R")
@@ -181,11 +185,24 @@ class Call:
         return max(min(self.session.grace_left(), self.remaining()), 0.0)
 
     def not_connected(self) -> HelperUnavailable:
-        """The send found no connected helper (nothing was queued: the socket
-        stays, ZeroMQ keeps reconnecting)."""
+        """The send found no connected helper: nothing was queued (ZeroMQ
+        keeps reconnecting the asyncio shell's socket; the blocking shell
+        connects again in its next call, or finishes the handshake of a
+        socket that was accepted but not answered yet)."""
         return HelperUnavailable(
             f"helper at {self.session.endpoint} not connected ({type(self.request).__name__})"
         )
+
+    def connected(self) -> None:
+        """The shell made a new connection before this call sent anything (it
+        found the old one gone): Hello first on it."""
+        if (
+            not self._in_hello
+            and self.session.hello is None
+            and not isinstance(self.request, m.Hello)
+        ):
+            self._in_hello = True
+            self.rid, self.frames = self.session._frames(self.session._hello_request())
 
     def timed_out(self) -> HelperUnavailable:
         """The deadline passed without the reply: the outcome is unknown."""
@@ -253,8 +270,9 @@ def _configure(sock: zmq.Socket[Any]) -> None:
 
 
 def _import_zmq() -> None:
-    """pyzmq (~10 ms of imports) when the first client is built, not when the
-    plugin imports this module: a start without an SST helper never needs it."""
+    """pyzmq (~10 ms of imports) when the first asyncio client is built, not
+    when the plugin imports this module: the blocking client (the plugin's
+    reply path) speaks ZMTP itself and never needs it."""
     global zmq
     import zmq
     import zmq.asyncio  # zmq.asyncio.Context in HelperClient
@@ -266,7 +284,6 @@ class _Shell:
     def __init__(
         self, endpoint: str, timeout: float, client: str, clock: Clock = time.monotonic
     ) -> None:
-        _import_zmq()
         self.session = Session(endpoint, client, timeout, clock)
 
     @property
@@ -299,9 +316,48 @@ class _Shell:
         return reply
 
 
+def ipc_path(endpoint: str) -> str:
+    """The socket file of an ``ipc://`` endpoint, the only kind the blocking
+    client speaks (as the helper serves only those); anything else is refused."""
+    path = endpoint.removeprefix("ipc://")
+    if path == endpoint or not path or path.startswith("@"):
+        raise ValueError(
+            f"SyncHelperClient: {endpoint!r} is not an ipc:// endpoint with a socket path "
+            "(the helper serves only those)"
+        )
+    if len(os.fsencode(path)) > 107:
+        raise ValueError(f"SyncHelperClient: the socket path of {endpoint!r} is over 107 bytes")
+    return path
+
+
+def _writable(sock: socket.socket, wait: float) -> bool:
+    """Whether ``sock`` has room to send within ``wait`` seconds (a helper
+    that does not read: rare, so its own poll object)."""
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLOUT)
+    return bool(p.poll(max(math.ceil(wait * 1000), 0)))
+
+
+READ_SIZE = 65536
+"""Bytes read at a time: the connection holds at most one partial reply and one read."""
+REPLY_FRAMES_SIZE = MAX_REPLY_SIZE + 8
+"""The reply bound on the wire: the empty delimiter, the 8-byte id and the reply."""
+
+
 class SyncHelperClient(_Shell):
     """The blocking shell (CLI, benchmarks, the plugin's reply path: every
-    wait ends at the call's deadline)."""
+    wait ends at the call's deadline).
+
+    It speaks ZMTP 3.1 itself (:mod:`nri_sst.zmtp`, the DEALER end) over a
+    plain non-blocking AF_UNIX stream socket, all in the calling thread: a
+    request is one ``send`` of its frames, its reply is read with ``poll`` and
+    ``recv`` until the call's deadline. No libzmq I/O thread to wake on
+    either side of a round trip (that was most of its cost on the reply path).
+    The socket is connected in the call that needs it: a helper that is not
+    listening fails the call at once, the next call tries again; one that
+    accepted but has not finished the handshake within the connect grace
+    fails it too (the socket stays for the next call, nothing of the request
+    was sent)."""
 
     def __init__(
         self,
@@ -310,25 +366,43 @@ class SyncHelperClient(_Shell):
         client: str = "nri-sst-helper",
         clock: Clock = time.monotonic,
     ) -> None:
+        self._path = ipc_path(endpoint)
         super().__init__(endpoint, timeout, client, clock)
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.sock: zmq.Socket[bytes] | None = None
-        self._rcvtimeo = -1
+        self.sock: socket.socket | None = None
+        self.wire: zmtp.Connection | None = None
+        self._poll = select.poll()
 
-    def _socket(self) -> zmq.Socket[bytes]:
-        if self.sock is None or self.session.needs_socket:
-            self._close_socket()
-            self.sock = self.ctx.socket(zmq.DEALER)
-            _configure(self.sock)
-            self.sock.connect(self.endpoint)
-            self.session.connecting()
-        return self.sock
+    # -- the socket ----------------------------------------------------------------
+
+    def _connect(self, call: Call) -> tuple[socket.socket, zmtp.Connection]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.connect(self._path)
+        except OSError as exc:
+            sock.close()
+            # ENOENT, ECONNREFUSED: nobody listens; EAGAIN: its backlog is full
+            raise call.not_connected() from exc
+        wire = zmtp.Connection(
+            max_size=REPLY_FRAMES_SIZE,
+            max_frames=3,
+            discard_limit=REPLY_FRAMES_SIZE,
+            discard_frames=3,
+            socket_type=b"DEALER",
+            peer_types=zmtp.ROUTER_PEERS,
+        )
+        self.sock, self.wire = sock, wire
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+        self.session.connecting()
+        return sock, wire
 
     def _close_socket(self) -> None:
         if self.sock is not None:
-            self.sock.close(0)
+            self.sock.close()
             self.sock = None
-        self._rcvtimeo = -1
+        self.wire = None
+        self._poll = select.poll()
 
     def close(self) -> None:
         self._close_socket()
@@ -342,18 +416,79 @@ class SyncHelperClient(_Shell):
     ) -> None:
         self.close()
 
-    def _send(self, sock: zmq.Socket[bytes], call: Call, frames: list[bytes]) -> None:
+    def _lost(self, call: Call, why: str) -> HelperUnavailable:
+        return call._broken(f"helper at {self.endpoint} {why} ({type(call.request).__name__})")
+
+    def _read(self, call: Call, sock: socket.socket, wire: zmtp.Connection, wait: float) -> bool:
+        """Feed ``wire`` one read, waiting at most ``wait`` seconds for it;
+        False when nothing came. Raises for a connection that ended."""
+        if not self._poll.poll(max(math.ceil(wait * 1000), 0)):
+            return False
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-            return
-        except zmq.Again:
-            wait = call.send_wait()
-            if not wait or not sock.poll(int(wait * 1000) + 1, zmq.POLLOUT):
-                raise call.not_connected() from None
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            raise call.not_connected() from None
+            data = sock.recv(READ_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise self._lost(call, f"connection failed: {exc.strerror}") from None
+        if not data:
+            raise self._lost(call, "closed the connection")
+        wire.receive(data)
+        return True
+
+    def _event(self, call: Call, wire: zmtp.Connection) -> zmtp.Event | None:
+        event = wire.next_event()
+        if isinstance(event, zmtp.Closed | zmtp.Discarded):  # Discarded: over the bound too
+            reason = event.reason if isinstance(event, zmtp.Closed) else "message over the bound"
+            raise self._lost(call, f"broke the protocol: {reason}")
+        return event
+
+    def _write(self, call: Call, sock: socket.socket, data: bytes) -> None:
+        """All of ``data``, waiting for room at most until the call's deadline."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[sock.send(view, socket.MSG_NOSIGNAL) :]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError as exc:  # EPIPE, ECONNRESET: the helper went away
+                raise self._lost(call, f"connection failed: {exc.strerror}") from None
+            left = call.remaining()
+            if left <= 0 or not _writable(sock, left):
+                raise call.timed_out()
+
+    def _ready(self, call: Call) -> tuple[socket.socket, zmtp.Connection]:
+        """The connection to send on: what came meanwhile is read (late
+        replies dropped, a helper that went away noticed: a new socket now),
+        a new one connected, its handshake awaited within the connect grace."""
+        sock, wire = self.sock, self.wire
+        if sock is not None and wire is not None and not self.session.needs_socket:
+            try:
+                while self._read(call, sock, wire, 0):
+                    while self._event(call, wire) is not None:
+                        pass  # late replies to calls that ended: dropped
+                    if call.remaining() <= 0:
+                        break  # a helper that never stops sending: finish times out
+            except HelperUnavailable:
+                sock = wire = None
+        if sock is None or wire is None or self.session.needs_socket:
+            self._close_socket()
+            sock, wire = self._connect(call)
+            call.connected()
+            # our greeting: 64 bytes into a new socket's empty buffer
+            self._write(call, sock, wire.output())
+        while not wire.open:
+            event = self._event(call, wire)
+            if event is None and not self._read(call, sock, wire, call.send_wait()):
+                raise call.not_connected()  # the socket stays, its handshake goes on
+        return sock, wire
+
+    def _send(
+        self, call: Call, sock: socket.socket, wire: zmtp.Connection, frames: list[bytes]
+    ) -> None:
+        self._write(call, sock, wire.output() + zmtp.encode_frames(frames))
+
+    # -- calls ---------------------------------------------------------------------
 
     def request(self, req: m.Request, timeout: float | None = None) -> m.Reply:
         """Send ``req``, return its typed reply (see ``messages.REPLY_FOR``)."""
@@ -366,9 +501,9 @@ class SyncHelperClient(_Shell):
         call at a time: a call started before the last one was finished is
         left (its late reply is dropped)."""
         call = self.session.begin(req, timeout)
-        sock = self._socket()
         try:
-            self._send(sock, call, call.frames)
+            sock, wire = self._ready(call)
+            self._send(call, sock, wire, call.frames)
         except HelperUnavailable:
             if self.session.needs_socket:
                 self._close_socket()
@@ -378,29 +513,25 @@ class SyncHelperClient(_Shell):
     def finish(self, call: Call) -> m.Reply:
         """The typed reply of ``call`` (:meth:`start`), waited for at most
         until its deadline."""
-        sock = self.sock
-        if sock is None or self.session.needs_socket:
+        sock, wire = self.sock, self.wire
+        if sock is None or wire is None or self.session.needs_socket:
             raise call.timed_out()  # its socket is gone (closed meanwhile)
         try:
             while True:
-                while True:
+                event = self._event(call, wire)
+                if event is None:
                     left = call.remaining()
                     if left <= 0:
                         raise call.timed_out()
-                    ms = int(left * 1000) + 1
-                    if ms != self._rcvtimeo:  # a blocking receive with a timeout:
-                        sock.setsockopt(zmq.RCVTIMEO, ms)  # one call, no separate poll
-                        self._rcvtimeo = ms
-                    try:
-                        got = sock.recv_multipart()
-                    except zmq.Again:
-                        continue
-                    out = call.receive(got)
-                    if isinstance(out, Send):
-                        break
-                    if out is not None:
-                        return out
-                self._send(sock, call, out.frames)
+                    self._read(call, sock, wire, left)
+                    continue
+                if not isinstance(event, zmtp.Message):
+                    continue
+                out = call.receive(event.frames)
+                if isinstance(out, Send):
+                    self._send(call, sock, wire, out.frames)
+                elif out is not None:
+                    return out
         except HelperUnavailable:
             if self.session.needs_socket:
                 self._close_socket()
@@ -422,6 +553,7 @@ class HelperClient(_Shell):
         client: str = "nri-resource-policy",
         clock: Clock = time.monotonic,
     ) -> None:
+        _import_zmq()
         super().__init__(endpoint, timeout, client, clock)
         self.ctx = zmq.asyncio.Context.instance()
         self.sock: zmq.asyncio.Socket | None = None

@@ -1,4 +1,5 @@
-"""ZMTP 3.1 (rfc.zeromq.org 37), the ROUTER end of one stream connection, sans-IO.
+"""ZMTP 3.1 (rfc.zeromq.org 37), one end of one stream connection, sans-IO: the
+helper's ROUTER end of an accepted connection, or the client's DEALER end.
 
 The helper speaks the ZeroMQ wire protocol itself instead of through libzmq,
 because libzmq cannot bound what a hostile peer costs: it assembles a whole
@@ -18,9 +19,12 @@ byte is accounted for:
   :meth:`Connection.next_event` has nothing complete, so the buffer holds at
   most one partial message and one read.
 
-Only what a DEALER peer needs: the NULL mechanism, READY with ``Socket-Type``,
-message frames, PING/PONG. Peers of another socket type, mechanism or an older
-ZMTP get an ERROR command (where ZMTP has one) and :class:`Closed`.
+Only what a DEALER and a ROUTER need of each other: the NULL mechanism, READY
+with ``Socket-Type``, message frames, PING/PONG. Peers of another socket type
+(``peer_types``), mechanism or an older ZMTP get an ERROR command (where ZMTP
+has one) and :class:`Closed`. The client's end passes its reply bound as both
+``max_size`` and ``discard_limit``: a message over it closes the connection at
+the frame header that passes it, nothing of it is read or kept.
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ GREETING = (
 MAX_COMMAND = 1024
 """Largest command frame accepted (READY with a 255-byte identity fits)."""
 PEER_TYPES = frozenset({b"DEALER"})
-"""Socket types that may connect: the helper's clients are DEALERs."""
+"""Socket types that may connect to the helper (its ROUTER end): its clients are DEALERs."""
+ROUTER_PEERS = frozenset({b"ROUTER"})
+"""Socket types a client's DEALER end accepts: the helper is a ROUTER."""
 
 
 class Handshake(msgspec.Struct, frozen=True):
@@ -132,11 +138,13 @@ def _properties(data: bytes) -> dict[bytes, bytes] | None:
 
 
 class Connection:
-    """One accepted connection: bytes in (:meth:`receive`), events out
-    (:meth:`next_event`), bytes to send (:meth:`output`).
+    """One connection, accepted or made: bytes in (:meth:`receive`), events
+    out (:meth:`next_event`), bytes to send (:meth:`output`). ``socket_type``
+    is ours (said in our READY), ``peer_types`` those we take (theirs).
 
     :data:`GREETING` is queued for sending at once (a libzmq peer sends the
-    rest of its greeting only after it has seen ours)."""
+    rest of its greeting only after it has seen ours); our READY once the
+    peer's greeting is in."""
 
     def __init__(
         self,
@@ -145,12 +153,14 @@ class Connection:
         discard_limit: int,
         discard_frames: int,
         socket_type: bytes = b"ROUTER",
+        peer_types: frozenset[bytes] = PEER_TYPES,
     ) -> None:
         self.max_size = max_size
         self.max_frames = max_frames
         self.discard_limit = discard_limit
         self.discard_frames = discard_frames
         self.socket_type = socket_type
+        self.peer_types = peer_types
         self._in = bytearray()
         self._out = bytearray(GREETING)
         self._state = "greeting"  # -> "ready" (READY awaited) -> "open" -> "closed"
@@ -286,7 +296,7 @@ class Connection:
             if props is None:
                 return self._close("malformed READY metadata")
             peer = props.get(b"socket-type", b"")
-            if peer not in PEER_TYPES:
+            if peer not in self.peer_types:
                 self._out += error("invalid socket type")
                 return self._close(f"socket type {peer.decode(errors='replace')!r}")
             self._state = "open"

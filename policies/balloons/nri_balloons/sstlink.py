@@ -156,7 +156,7 @@ class NullWriter:
 
 
 class HelperWriter:
-    """Requests to the SST helper over its ZeroMQ socket: :meth:`request`
+    """Requests to the SST helper over its socket (ZMTP): :meth:`request`
     blocks (each call ends at its timeout, ``timeout`` by default);
     :meth:`request_async` awaits, on a session of its own."""
 

@@ -129,3 +129,60 @@ def test_bad_handshakes_close_the_connection(data: bytes, reason: str, error: bo
     event = c.next_event()
     assert isinstance(event, zmtp.Closed) and reason in event.reason, event
     assert (b"\x05ERROR" in c.output()) == error
+
+
+# What a libzmq 4.3 ROUTER sends to a DEALER that connected (signature, 3.1, NULL, READY).
+ROUTER_GREETING = bytes.fromhex("ff00000000000000017f0301") + b"NULL" + bytes(16 + 1 + 31)
+ROUTER_READY = b"\x04\x1c\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER"
+
+
+def dealer(limit: int = 100) -> zmtp.Connection:
+    """The client's end: its reply bound is both the kept and the discarded limit."""
+    return zmtp.Connection(
+        max_size=limit,
+        max_frames=3,
+        discard_limit=limit,
+        discard_frames=3,
+        socket_type=b"DEALER",
+        peer_types=zmtp.ROUTER_PEERS,
+    )
+
+
+def test_the_dealer_end_takes_a_router_and_says_dealer() -> None:
+    c = dealer()
+    assert c.output() == zmtp.GREETING
+    c.receive(ROUTER_GREETING + ROUTER_READY + b"\x01\x00\x01\x08rid-0001\x00\x02ok")
+    assert c.next_event() == zmtp.Handshake("ROUTER")
+    assert c.output() == zmtp.ready(b"DEALER")
+    assert c.next_event() == zmtp.Message([b"", b"rid-0001", b"ok"])
+
+
+def test_the_dealer_end_refuses_a_dealer_peer() -> None:
+    """The helper is a ROUTER: another DEALER (or anything else) is not it."""
+    c = dealer()
+    c.output()
+    c.receive(ROUTER_GREETING + ROUTER_READY.replace(b"\x06ROUTER", b"\x06DEALER"))
+    event = c.next_event()
+    assert isinstance(event, zmtp.Closed) and "socket type 'DEALER'" in event.reason, event
+    assert b"\x05ERROR" in c.output()
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\x01\x00\x01\x08rid-0001\x02" + (93).to_bytes(8, "big"), "101 bytes"),
+        (b"\x01\x00\x01\x08rid-0001\x01\x00\x00\x00", "4 frames"),
+    ],
+    ids=["size", "frames"],
+)
+def test_the_dealer_end_closes_at_the_header_past_its_bound(data: bytes, reason: str) -> None:
+    """Over the bound by one byte or one frame: closed at once, at the header
+    that passes it, the payload not awaited, nothing of it kept."""
+    c = dealer(limit=100)
+    c.output()
+    c.receive(ROUTER_GREETING + ROUTER_READY)
+    assert c.next_event() == zmtp.Handshake("ROUTER")
+    c.receive(data)
+    event = c.next_event()
+    assert isinstance(event, zmtp.Closed) and reason in event.reason, event
+    assert c.buffered == 0
