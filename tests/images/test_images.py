@@ -59,7 +59,7 @@ NOT_IN_PLUGIN = (
     "nri_sst.backends", "nri_sst.cli",
 )  # fmt: skip
 NOT_IN_PLUGIN_ = tuple(f"{m}." for m in NOT_IN_PLUGIN)
-PLUGIN_SST = ["nri_sst", "nri_sst.client", "nri_sst.messages", "nri_sst.retry"]
+PLUGIN_SST = ["nri_sst", "nri_sst.client", "nri_sst.messages", "nri_sst.retry", "nri_sst.zmtp"]
 """The nri_sst modules the plugin image holds: the client's (docker/Dockerfile.plugin)."""
 EXAMPLE_POLICY = ROOT / "examples" / "pct-managed" / "balloons-pct-managed.yaml"
 DISTRIBUTIONS = (
