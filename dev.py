@@ -213,6 +213,13 @@ def build_wheel(py: Path, out: Path) -> Path:
     return wheel
 
 
+def announced_scratch() -> Path:
+    """:func:`scratch_base`, said where it is and why."""
+    base, why = scratch_base()
+    say(f"temp trees under {base}: {why}")
+    return base
+
+
 class Job:
     """One ``tox run -e ENV``: its output goes, line by line, to its log file and,
     prefixed with the env's name, to our stdout."""
@@ -298,8 +305,7 @@ def run_suite(
     logs.mkdir(parents=True, exist_ok=True)
     say(f"{len(suite)} envs, {slots} at a time; each env's whole output: {logs}/ENV.log")
     if scratch is None:
-        scratch, why = scratch_base()
-        say(f"temp trees under {scratch}: {why}")
+        scratch = announced_scratch()
     width = max(len(env) for env, _ in suite)
     out = threading.Lock()
     waiting = list(suite)
@@ -374,9 +380,7 @@ def cmd_test(rest: list[str]) -> int:
             Path(given) if given else None,
         )
     if not given:
-        base, why = scratch_base()
-        say(f"temp trees under {base}: {why}")
-        os.environ["NRI_TEST_TMPDIR"] = str(base)
+        os.environ["NRI_TEST_TMPDIR"] = str(announced_scratch())
     return subprocess.call([*tox, "run", "-e", ",".join(envs)], cwd=ROOT)
 
 

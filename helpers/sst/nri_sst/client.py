@@ -383,14 +383,7 @@ class SyncHelperClient(_Shell):
             sock.close()
             # ENOENT, ECONNREFUSED: nobody listens; EAGAIN: its backlog is full
             raise call.not_connected() from exc
-        wire = zmtp.Connection(
-            max_size=REPLY_FRAMES_SIZE,
-            max_frames=3,
-            discard_limit=REPLY_FRAMES_SIZE,
-            discard_frames=3,
-            socket_type=b"DEALER",
-            peer_types=zmtp.ROUTER_PEERS,
-        )
+        wire = zmtp.dealer_end(REPLY_FRAMES_SIZE)
         self.sock, self.wire = sock, wire
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)

@@ -308,3 +308,18 @@ class Connection:
         elif name == b"READY":
             return self._close("second READY")
         return None  # PONG and unknown commands are ignored (ZMTP 3.1)
+
+
+def dealer_end(reply_bound: int) -> Connection:
+    """A client's end (DEALER, taking a ROUTER): a request's reply is three
+    frames (delimiter, id, reply) of at most ``reply_bound`` bytes; a message
+    over that closes the connection at the header that passes it (the bound is
+    both the kept and the discarded limit)."""
+    return Connection(
+        max_size=reply_bound,
+        max_frames=3,
+        discard_limit=reply_bound,
+        discard_frames=3,
+        socket_type=b"DEALER",
+        peer_types=ROUTER_PEERS,
+    )

@@ -99,8 +99,6 @@ MAX_REPORTED = 20
 """Errors (and warnings) of one configuration that are reported."""
 
 log = logging.getLogger("policy")
-_CPUCLASS_LOG = logging.getLogger("cpuclass")
-"""The CPU classes' logger: a commit without a helper only logs to it."""
 
 
 def first_few(messages: list[str], limit: int = MAX_REPORTED) -> list[str]:
@@ -188,10 +186,8 @@ class Balloons:
         if self.policy is None or self.background is not None:
             return _nothing
         writer = self.policy_writer()
-        if isinstance(writer, NullWriter) and not _CPUCLASS_LOG.isEnabledFor(logging.DEBUG):
-            # no helper: nothing is written, and the writes it would have made
-            # are logged at debug level only; the CPUs stay dirty for then
-            return _nothing
+        if isinstance(writer, NullWriter) and writer.silent():
+            return _nothing  # no helper, no debug lines: the CPUs stay dirty for them
         sent = Exchange(self.commit_steps(wait.timeout), writer, wait.budget)
         return lambda: self._end_commit(all(sent.finish()))
 

@@ -133,6 +133,12 @@ class NullWriter:
     endpoint = ""
     instance = ""
 
+    @staticmethod
+    def silent() -> bool:
+        """Nothing sent here would even be logged (cpuclass debug is off): a
+        commit need not plan what it would send."""
+        return not log.isEnabledFor(logging.DEBUG)
+
     def request(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         if isinstance(request, m.SetCpufreq):
             log.debug("cpuclass: no SST helper, not writing %s", request)

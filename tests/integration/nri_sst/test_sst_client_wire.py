@@ -264,17 +264,25 @@ def test_a_reply_past_the_bound_by_one_byte_fails_at_its_header(
         assert len(reply.capabilities[0]) == 70000 + pad
 
 
-def test_endless_frames_fail_the_call_at_the_fourth(
-    serve: Callable[[Script], tuple[Server, str]],
-) -> None:
+def flood(first: Callable[[bytes], bytes], chunk: bytes) -> Script:
+    """A helper that answers the handshake, takes one request, sends
+    ``first(its id)`` and then ``chunk`` for ever."""
+
     def script(s: Server, conn: socket.socket) -> None:
         wire = handshake(conn)
         rid, _ = request(conn, wire)
-        conn.sendall(b"\x01\x00\x01\x08" + rid)  # the delimiter, the id, and MORE frames
+        conn.sendall(first(rid))
         while True:
-            conn.sendall(b"\x01\x01x" * 1000)
+            conn.sendall(chunk)
 
-    _, endpoint = serve(script)
+    return script
+
+
+def test_endless_frames_fail_the_call_at_the_fourth(
+    serve: Callable[[Script], tuple[Server, str]],
+) -> None:
+    # the delimiter, the id, and MORE frames
+    _, endpoint = serve(flood(lambda rid: b"\x01\x00\x01\x08" + rid, b"\x01\x01x" * 1000))
     c = SyncHelperClient(endpoint, timeout=1.0, clock=Frozen())
     with c, pytest.raises(HelperUnavailable, match="broke the protocol: message over 4 frames"):
         ends(lambda: c.request(m.Hello(protocol=PROTOCOL_VERSION)))
@@ -286,14 +294,8 @@ def test_endless_replies_that_are_not_ours_end_at_the_deadline(
     """A helper that never stops sending (well-formed replies to ids we never
     sent): the call ends at its deadline, data or not."""
 
-    def script(s: Server, conn: socket.socket) -> None:
-        wire = handshake(conn)
-        request(conn, wire)
-        other = zmtp.encode_frames([b"", b"not-ours", hello_reply()])
-        while True:
-            conn.sendall(other * 100)
-
-    _, endpoint = serve(script)
+    other = zmtp.encode_frames([b"", b"not-ours", hello_reply()])
+    _, endpoint = serve(flood(lambda _rid: b"", other * 100))
     c = SyncHelperClient(endpoint, timeout=0.2, clock=Ticks())
     with c, pytest.raises(HelperUnavailable, match="did not answer Hello within 200 ms"):
         ends(lambda: c.request(m.Hello(protocol=PROTOCOL_VERSION)))

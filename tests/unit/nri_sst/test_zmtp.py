@@ -137,15 +137,8 @@ ROUTER_READY = b"\x04\x1c\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER"
 
 
 def dealer(limit: int = 100) -> zmtp.Connection:
-    """The client's end: its reply bound is both the kept and the discarded limit."""
-    return zmtp.Connection(
-        max_size=limit,
-        max_frames=3,
-        discard_limit=limit,
-        discard_frames=3,
-        socket_type=b"DEALER",
-        peer_types=zmtp.ROUTER_PEERS,
-    )
+    """The client's end (:func:`zmtp.dealer_end`) with a small reply bound."""
+    return zmtp.dealer_end(limit)
 
 
 def test_the_dealer_end_takes_a_router_and_says_dealer() -> None:
