@@ -241,3 +241,38 @@ def test_a_fast_round_whose_creates_were_all_pinned_is_measured() -> None:
     figs = by_key(bench_floor.figures(floor, parsed(peer_doc(0.004)), pct, helper_rss=20.0))
     assert figs["floor.create_p50_1000"].value == pytest.approx(0.008)
     assert "NOT MEASURED" not in figs["floor.create_p50_1000"].note
+
+
+def test_the_floor_is_the_median_of_its_runs_so_one_noisy_run_moves_nothing() -> None:
+    """Three floor runs, the first one slow (a noisy neighbour on CI's 2 cores)
+    and the last one lucky: every figure of the floor is the middle run's, so
+    the ratios are the ones against a typical floor, not the outlier's."""
+    ours, pct = parsed(peer_doc(0.5)), parsed(peer_doc(0.5))
+    runs = [parsed(peer_doc(s)) for s in (1.0, 0.2, 0.1)]
+    floor = bench_floor.median_floor(runs)
+    assert floor.at(500).requests["create"].p50_ms == pytest.approx(0.2 * 1.5)
+    assert floor.at(500).requests["create"].count == 300
+    assert floor.at(1000).restart_ms == pytest.approx(100 * 0.2)
+    assert floor.at(100).synchronize_ms == pytest.approx(0.2 * 10)
+    assert floor.at(0).plugin_rss_mb == pytest.approx(2.0)
+    figs = by_key(bench_floor.figures(floor, ours, pct, helper_rss=20.0))
+    assert figs["floor.create_p50_500"].ratio == pytest.approx(2.5)
+    assert figs["floor.create_p99_0"].ratio == pytest.approx(2.5)
+
+
+def test_a_floor_run_off_the_request_path_takes_the_round_off() -> None:
+    """One of three floor runs whose runtime answered alone at 1000 running: the
+    median would hide it, so the round is reported as not measured."""
+    doc = peer_doc(0.2)
+    doc["rounds"][3]["unadjusted_creates"] = 3  # type: ignore[index]
+    floor = bench_floor.median_floor([parsed(peer_doc(0.2)), parsed(doc), parsed(peer_doc(0.2))])
+    ours = parsed(peer_doc(0.5))
+    figs = by_key(bench_floor.figures(floor, ours, ours, helper_rss=20.0))
+    assert figs["floor.create_p50_1000"].value == math.inf
+    assert "the trivial Go plugin (the floor)" in figs["floor.create_p50_1000"].note
+    assert math.isfinite(figs["floor.create_p50_500"].value)
+
+
+def test_no_floor_run_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no floor run"):
+        bench_floor.median_floor([])
