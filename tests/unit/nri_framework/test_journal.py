@@ -480,3 +480,34 @@ async def test_without_a_state_dir_what_changed_does_not_pile_up(tmp_path: Path)
         h.notify(Event.REMOVE_CONTAINER, POD, guaranteed(f"c{i}", 1))
     assert not h.cache.dirty_containers and not h.cache.dirty_pods
     assert not policy.changed  # the policy was asked for its changes: it forgot them
+
+
+def test_a_snapshot_encodes_only_the_entries_that_changed(tmp_path: Path) -> None:
+    """The snapshot is the bytes a whole :class:`SavedState` encodes to (what
+    ``load`` reads), each unchanged entry's JSON kept from the last snapshot
+    and each changed or new one encoded again; an entry gone is forgotten."""
+    h = host(tmp_path)
+    for cid in ("a", "b"):
+        h.create_container(POD, guaranteed(cid, 1))
+    h.save_now()
+    kept = dict(h.statefile._containers._of)
+    a2 = guaranteed("a", 2)
+    h.update_container(POD, a2, a2.resources or Resources())  # "a" changes, "b" does not
+    h.create_container(POD, guaranteed("c", 1))
+    h.save_now()
+    now = h.statefile._containers._of
+    assert now["b"][1] is kept["b"][1]
+    assert now["a"][1] is not kept["a"][1]
+    assert set(now) == {"a", "b", "c"}
+    pods, containers = h.cache.snapshot()
+    whole = statefile.SavedState(
+        policy="pinner", seq=h.statefile.seq, pods=pods, containers=containers,
+        policy_state=h.hook.policy_export_state(),
+    )  # fmt: skip
+    assert h.statefile.path is not None
+    assert h.statefile.path.read_bytes() == msgspec.json.encode(whole)
+    loaded = h.statefile.load()
+    assert loaded is not None and loaded.containers["a"] == containers["a"]
+    h.notify(Event.REMOVE_CONTAINER, POD, guaranteed("b", 1))
+    h.save_now()
+    assert set(h.statefile._containers._of) == {"a", "c"}
