@@ -49,6 +49,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -264,7 +265,8 @@ class Server:
         self._resume_at: float | None = None
         """When accepting resumes after a failed accept (None: when a peer leaves)."""
         self._full_logged = False
-        self._idle_failed = False
+        self._deferred_failed: set[str] = set()
+        """the deferred work whose last run failed (logged once)"""
         self._busy = False
         self._wakeup_set = False
         self.stopping = False
@@ -305,8 +307,11 @@ class Server:
         self._busy = self._serve_one()
         if self._resume_at is not None and time.monotonic() >= self._resume_at:
             self._resume_accepting()
-        if not ready and not busy and not self._busy and backend.has_deferred():
-            self._idle()
+        if not ready and not self._busy:
+            if busy:  # the last reply is out and nothing waits: the backend catches up
+                self._deferred(backend.catch_up)
+            elif backend.has_deferred():
+                self._deferred(backend.idle)
 
     def _drain_wakeups(self) -> None:
         try:
@@ -315,15 +320,18 @@ class Server:
         except OSError:
             pass
 
-    def _idle(self) -> None:
+    def _deferred(self, work: Callable[[], None]) -> None:
+        """The backend's deferred work (:meth:`~nri_sst.backends.base.Backend.catch_up`
+        or ``idle``); a failure is logged once until it succeeds again."""
+        name = work.__name__
         try:
-            self.handler.backend.idle()
+            work()
         except OSError as exc:
-            if not self._idle_failed:
+            if name not in self._deferred_failed:
                 log.error("nri-sst-helper: backend deferred work failed: %s", exc)
-            self._idle_failed = True
+            self._deferred_failed.add(name)
         else:
-            self._idle_failed = False
+            self._deferred_failed.discard(name)
 
     # ------------------------------------------------------------------ connections
 

@@ -70,3 +70,45 @@ def test_a_flooding_peer_delays_a_client_by_about_one_request(
         assert sum(f.replies() for f in flooders) < 6 * 41
     finally:
         server.shutdown()
+
+
+class Recording(SimBackend):
+    """The sim, saying which deferred work the loop ran, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(SMALL_SIM)
+        self.calls: list[str] = []
+
+    def catch_up(self) -> None:
+        self.calls.append("catch_up")
+        super().catch_up()
+
+    def idle(self) -> None:
+        self.calls.append("idle")
+        super().idle()
+
+
+def test_the_backend_catches_up_once_a_reply_is_out_and_nothing_waits(
+    small_root: Path, tmp_path: Path
+) -> None:
+    """The sim's frequency model is not computed before an association's
+    reply (its sync leaves it): the loop has the backend catch up in the turn
+    after the reply left, when no request waits, not while one does, and
+    leaves its idle work (the state file) for a turn that found nothing."""
+    backend = Recording()
+    server = Server(f"ipc://{tmp_path}/h.sock", RequestHandler(backend, small_root))
+    try:
+        two = request(m.Hello(protocol=1)) + request(m.PrepareManagedMode())
+        client = Client(server.listener.path, two + request(m.AssociateCpus(clos=2, cpus=[5])))
+        turns = 0
+        while client.replies() < 3:
+            server.run_once()
+            turns += 1
+            assert turns <= 8
+        assert backend.calls == []  # each turn served a request: nothing deferred ran
+        assert backend.has_deferred()  # the model of the association (no state file here)
+        server.run_once()  # nothing waits: the turn after the last reply
+        assert backend.calls == ["catch_up"]
+        assert not backend.has_deferred()  # the model is current
+    finally:
+        server.shutdown()

@@ -214,7 +214,8 @@ def test_inv12_effective_frequency_bounds(small_root: Path) -> None:
     assert sim.state["cpus"]["min_mhz"][0] == 1000
     sim.clos_param_set(0, 0, 0, ClosParam(2000, 2500, 0))
     sim.core_power_set(0, 0, True, False)
-    sim.sync()  # the handler's end of a request: the oracle is recomputed once
+    sim.sync()  # the handler's end of a request
+    sim.catch_up()  # once its reply is out: the oracle is recomputed once
     assert (sim.state["cpus"]["min_mhz"][0], sim.state["cpus"]["max_mhz"][0]) == (2000, 2500)
 
 
@@ -455,3 +456,52 @@ def test_idle_modules_raise_the_turbo_ratio_limit(tmp_path: Path) -> None:
     idle = SimBackend(state_file=state)
     assert idle.expected_mhz(0) == 3900 and idle.expected_mhz(cfg.ncores) == 3900
     assert idle.expected_mhz(cfg.cores_per_punit) == 3600  # punit 0/1: all busy
+
+
+def test_an_association_reply_leaves_the_frequency_model_for_later(small_root: Path) -> None:
+    """The handler's sync after an association write computes no frequency
+    (no reply carries one): the model is computed when the helper catches up
+    (or by the first read), to the same figures as computed at once."""
+    from nri_sst import messages as m
+
+    sim = SimBackend(SMALL_SIM)
+    h = RequestHandler(sim, small_root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    h.dispatch(m.ConfigureClos(clos=3, min_khz=800_000, max_khz=1_600_000))
+    h.dispatch(m.EnableCP())
+    sim.catch_up()
+    computed = []
+    recompute = sim._recompute
+
+    def counting() -> None:
+        computed.append(1)
+        recompute()
+
+    sim._recompute = counting  # type: ignore[method-assign]
+    h.dispatch(m.AssociateCpus(clos=3, cpus=[0, 1, 2]))
+    assert computed == [] and sim.has_deferred()
+    sim.catch_up()
+    assert computed == [1] and not sim.has_deferred()
+    lazy = [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)]
+    sim._stale = True  # the whole oracle again, for comparison
+    assert [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)] == lazy
+
+
+def test_the_hardware_part_is_the_state_encoded_after_an_irq_change(small_root: Path) -> None:
+    """What the state file holds of the hardware is the state's encoding, the
+    IRQ affinities kept encoded between changes and encoded again after one."""
+    import msgspec
+    from nri_sst.backends.sim import VOLATILE
+
+    sim = SimBackend(SMALL_SIM)
+    h = RequestHandler(sim, small_root)
+
+    def whole() -> bytes:
+        return msgspec.json.encode({k: v for k, v in sim.state.items() if k not in VOLATILE})
+
+    assert sim._hardware() == whole()
+    irq = next(i.number for i in h.interrupts.read() if i.writable)
+    h.interrupts.set_affinity(irq, [1, 2])
+    assert sim.state["irqs"][str(irq)] == [1, 2]
+    assert sim._hardware() == whole()

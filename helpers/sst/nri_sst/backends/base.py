@@ -159,6 +159,10 @@ class Backend(ABC):
     def idle(self) -> None:  # noqa: B027 - optional hook
         """No request is waiting: finish deferred work (the sim saves its state)."""
 
+    def catch_up(self) -> None:  # noqa: B027 - optional hook
+        """A reply just left and no request is waiting: cheap work deferred
+        from the reply path (the sim computes its frequency oracle)."""
+
     def sysfs_changed(self, cpus: list[int]) -> None:  # noqa: B027 - optional hook
         """The helper wrote cpufreq/cpuidle sysfs of ``cpus`` (the sim re-reads limits)."""
 

@@ -205,6 +205,8 @@ class SimBackend(Backend):
         """The hardware part of the state as last saved (None: never saved)."""
         self._saved_volatile: bytes | None = None
         """The :data:`VOLATILE` part as last saved whole (None: never saved)."""
+        self._irqs_json: tuple[object, bytes] | None = None
+        """``state["irqs"]`` and its encoding (see :meth:`_hardware`)."""
         self._at: list[float] | None = None
         """Per CPU, when its counters were advanced to (None: every CPU at
         ``state["clock"]``); an association change advances its punit's only."""
@@ -282,8 +284,27 @@ class SimBackend(Backend):
         }
 
     def _hardware(self) -> bytes:
-        """What the hardware holds (the state without :data:`VOLATILE`), encoded."""
-        return _json.encode({k: v for k, v in self.state.items() if k not in VOLATILE})
+        """What the hardware holds (the state without :data:`VOLATILE`), encoded:
+        the same bytes as the dict's encoding, with the IRQ affinities (most
+        of it: every online CPU of each IRQ) encoded again only when one
+        changed (:meth:`irqs_changed`), not at every association write."""
+        parts = []
+        for key, value in self.state.items():
+            if key in VOLATILE:
+                continue
+            if key == "irqs":
+                cached = self._irqs_json
+                if cached is None or cached[0] is not value:
+                    cached = self._irqs_json = (value, _json.encode(value))
+                encoded = cached[1]
+            else:
+                encoded = _json.encode(value)
+            parts.append(b"%s:%s" % (_json.encode(key), encoded))
+        return b"{%s}" % b",".join(parts)
+
+    def irqs_changed(self) -> None:
+        """An IRQ affinity of the state changed: :meth:`_hardware` encodes them again."""
+        self._irqs_json = None
 
     def _volatile(self) -> bytes:
         """The :data:`VOLATILE` part of the state, encoded."""
@@ -295,6 +316,8 @@ class SimBackend(Backend):
         self._unsaved = False
         if self.state_file is None:
             return
+        if self._stale or self._stale_punits:
+            self._recompute()  # the file holds the frequencies of the state it holds
         hardware, volatile = self._hardware(), self._volatile()
         self._write(hardware, volatile)
         self._saved_volatile = volatile
@@ -391,8 +414,11 @@ class SimBackend(Backend):
         self._advance()
 
     def sync(self) -> None:
-        if self._stale or self._stale_punits:
-            self._recompute()
+        # the frequency oracle is not computed here: whatever reads a
+        # frequency or advances the counters computes it first (a change's
+        # counters advance from the time it was made, _changed_at), and an
+        # idle helper does (idle): an association write's reply does not wait
+        # for the model of its frequencies, which no reply carries
         if self.state_file is None:
             return
         # hardware keeps every write at once: so does the model, before the
@@ -408,9 +434,14 @@ class SimBackend(Backend):
             self._unsaved = True
 
     def has_deferred(self) -> bool:
-        return self._unsaved
+        return self._unsaved or self._stale or bool(self._stale_punits)
+
+    def catch_up(self) -> None:
+        if self._stale or self._stale_punits:
+            self._recompute()
 
     def idle(self) -> None:
+        self.catch_up()
         if self._unsaved:
             self.save()
 
@@ -562,9 +593,10 @@ class SimBackend(Backend):
             value = clos & 0x3 if self.config.strict else clos & 0xF
             if held[core] != value:  # the same CLOS again changes no frequency
                 if changed is None:
-                    # the frequencies until now first; the counters of the
-                    # CPUs this changes advance to now when they are computed
-                    if self._stale or self._stale_punits:
+                    # this punit's frequencies until now first (another stale
+                    # punit keeps the time of its own change); the counters of
+                    # the CPUs this changes advance to now when they are computed
+                    if self._stale or key in self._stale_punits:
                         self._recompute()
                     self._changed_at[key] = self.clock()
                     changed = self._stale_modules.setdefault(key, set())
@@ -806,6 +838,7 @@ class SimInterrupts(Interrupts):
         if not effective:
             raise IrqWriteError(f"irq {irq}: {os.strerror(errno.EINVAL)}")
         self.sim.state["irqs"][str(irq)] = effective
+        self.sim.irqs_changed()
         self.sim._log("irq-affinity", irq=irq, cpus=len(effective))
         return list(effective)
 
