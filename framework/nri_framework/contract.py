@@ -108,6 +108,14 @@ class Host(Protocol):
         by the runtime's request timeout."""
         ...
 
+    def before_reply(self, call: Callable[[], None]) -> None:
+        """In ``nri_create_container`` or ``nri_stop_container``: ``call`` runs
+        once the hook's answer is journaled, before it is returned to the
+        runtime (also when the hook raised), overlapping the host's work with
+        what the answer waits for; elsewhere it runs now. Its exception is
+        logged; the answer stands."""
+        ...
+
     def changed(self) -> None:
         """The policy's state changed outside a hook's answer: persist it."""
         ...

@@ -107,6 +107,9 @@ class PolicyHost:
         self._sent_pods: set[str] | None = set()
         """pods the runtime sent since :meth:`take_sent_pods` (None: too many to tell)"""
         self._listeners: list[Callable[[], None]] = []
+        self._before_reply: list[Callable[[], None]] | None = None
+        """While a create or stop is answered: what runs once its answer is
+        journaled, before it is returned (:meth:`before_reply`)."""
         self._config_listeners: list[Callable[[], None]] = []
         self.statefile = StateFile(self.state_dir, policy_name)
         self.journal = self.statefile.journal
@@ -300,15 +303,22 @@ class PolicyHost:
     def create_container(self, pod: Pod, container: Container) -> CreateResult:
         self._put_pod(pod)
         self.cache.put_container(container)
-        result: CreateResult | None = self.hook.nri_create_container(pod=pod, container=container)
-        if result is None:
-            return CreateResult()
-        if result.adjustment is not None:
-            self.cache.record(container.id, result.adjustment.resources)
-        for u in result.updates:
-            self.cache.record(u.container_id, u.resources)
-        self.changed()
-        return result
+        calls: list[Callable[[], None]] = []
+        self._before_reply = calls
+        try:
+            result: CreateResult | None = self.hook.nri_create_container(
+                pod=pod, container=container
+            )
+            if result is None:
+                return CreateResult()
+            if result.adjustment is not None:
+                self.cache.record(container.id, result.adjustment.resources)
+            for u in result.updates:
+                self.cache.record(u.container_id, u.resources)
+            self.changed()
+            return result
+        finally:
+            self._replied(calls)
 
     def update_container(
         self, pod: Pod, container: Container, resources: Resources
@@ -325,11 +335,39 @@ class PolicyHost:
 
     def stop_container(self, pod: Pod, container: Container) -> list[Update]:
         self.cache.set_state(container.id, ContainerState.STOPPED)
-        updates = self.hook.nri_stop_container(pod=pod, container=container) or []
-        for u in updates:
-            self.cache.record(u.container_id, u.resources)
-        self.changed()
-        return updates
+        calls: list[Callable[[], None]] = []
+        self._before_reply = calls
+        try:
+            updates = self.hook.nri_stop_container(pod=pod, container=container) or []
+            for u in updates:
+                self.cache.record(u.container_id, u.resources)
+            self.changed()
+            return updates
+        finally:
+            self._replied(calls)
+
+    def before_reply(self, call: Callable[[], None]) -> None:
+        """``call`` runs once the answer of the create or stop now decided
+        is journaled, before the host returns it (whether the hook returned
+        or raised), so that what the answer waits for (a helper's reply)
+        overlaps the host's own work; outside such an answer, now. A call
+        that raises is logged: the answer is returned all the same."""
+        if self._before_reply is None:
+            self._run(call)
+        else:
+            self._before_reply.append(call)
+
+    def _replied(self, calls: list[Callable[[], None]]) -> None:
+        self._before_reply = None
+        for call in calls:
+            self._run(call)
+
+    @staticmethod
+    def _run(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:
+            log.exception("a call before the reply failed")
 
     def update_pod_sandbox(self, pod: Pod, resources: Resources) -> None:
         self._put_pod(pod)

@@ -721,7 +721,16 @@ class Balloons:
                 end_commit = self.begin_commit(wait)
             return self._create_result(pod, container, bln)
         finally:
+            self._before_reply(end_commit)
+
+    def _before_reply(self, end_commit: Callable[[], None]) -> None:
+        """``end_commit`` (of :meth:`begin_commit`) once the host journaled the
+        answer, before the runtime gets it (:meth:`Host.before_reply`): the
+        helper works on the request meanwhile."""
+        if self.host is None:
             end_commit()
+        else:
+            self.host.before_reply(end_commit)
 
     def _create_result(
         self, pod: Pod, container: Container, bln: Balloon | None
@@ -773,9 +782,12 @@ class Balloons:
     def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
         assert self.policy is not None
         self.policy.release(container.id)
-        self.commit(self._reply_path())
-        self.pins.pop(container.id, None)
-        return self._updates()
+        end_commit = self.begin_commit(self._reply_path())
+        try:
+            self.pins.pop(container.id, None)
+            return self._updates()
+        finally:
+            self._before_reply(end_commit)
 
     @hookimpl
     def nri_remove_container(self, pod: Pod, container: Container) -> None:

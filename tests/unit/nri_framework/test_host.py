@@ -10,15 +10,18 @@ from typing import Any
 
 import pytest
 from nri_framework import convert, cpuset
-from nri_framework.hookspecs import hookimpl
+from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.model import (
+    Adjustment,
     Container,
     CpuResources,
+    CreateResult,
     Event,
     Pod,
     Resources,
     RuntimeInfo,
+    Update,
 )
 from nri_framework.nri.versions import VALID_EVENTS_V0_6, VALID_EVENTS_V0_10, valid_events
 from nri_framework.pb import nri_pb2 as pb
@@ -353,3 +356,90 @@ def test_a_changed_or_removed_pod_is_still_sent(tmp_path: Path) -> None:
     assert host.take_sent_pods() == {"p"}
     host.notify(Event.REMOVE_POD_SANDBOX, resent.convert(msg), None)
     assert host.take_sent_pods() == {"p"}
+
+
+class Deferring:
+    """A policy whose create and stop leave a call for before the reply."""
+
+    def __init__(self, order: list[str], fail: bool = False, broken: bool = False) -> None:
+        self.order, self.fail, self.broken = order, fail, broken
+        self.host: Any = None
+
+    @hookimpl
+    def policy_start(self, host: Any) -> None:
+        self.host = host
+
+    def _before_reply(self) -> None:
+        self.order.append("before reply")
+        if self.broken:
+            raise RuntimeError("a bug in the call")
+
+    @hookimpl
+    def nri_create_container(self, pod: Pod, container: Container) -> CreateResult:
+        self.host.before_reply(self._before_reply)
+        self.order.append("decided")
+        if self.fail:
+            raise PolicyError("no room")
+        return CreateResult(adjustment=Adjustment(resources=Resources(cpu=CpuResources(cpus="1"))))
+
+    @hookimpl
+    def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
+        self.host.before_reply(self._before_reply)
+        self.order.append("decided")
+        return []
+
+
+def _deferring_host(tmp_path: Path, policy: Deferring) -> PolicyHost:
+    host = PolicyHost("deferring", policy, state_dir=tmp_path / "state",
+                      host_root=sysfs(tmp_path, "0-3"))  # fmt: skip
+    host.configure("", CONTAINERD_17)
+    host.synchronize([], [])
+    record = host.statefile.record
+
+    def journaled(*args: Any, **kwargs: Any) -> None:
+        record(*args, **kwargs)
+        policy.order.append("journaled")
+
+    host.statefile.record = journaled  # type: ignore[method-assign]
+    return host
+
+
+def test_a_call_before_the_reply_runs_once_the_answer_is_journaled(tmp_path: Path) -> None:
+    """What a create or stop leaves for before its reply (the helper's reply
+    awaited) runs after the decision is journaled and before the host
+    returns the answer, so that the host's own work overlaps it; outside an
+    answer it runs at once."""
+    order: list[str] = []
+    host = _deferring_host(tmp_path, Deferring(order))
+    pod = Pod(id="p", name="pod")
+    result = host.create_container(pod, shared("a"))
+    order.append("returned")
+    assert result.adjustment is not None
+    assert order == ["decided", "journaled", "before reply", "returned"]
+    order.clear()
+    host.stop_container(pod, shared("a"))
+    order.append("returned")
+    assert order == ["decided", "journaled", "before reply", "returned"]
+    order.clear()
+    host.before_reply(lambda: order.append("now"))
+    assert order == ["now"]
+
+
+def test_a_call_before_the_reply_runs_when_the_hook_fails_and_its_failure_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hook that raises still has its call run (a helper request it sent
+    is finished), and the error is the answer; a call that raises is logged
+    and the answer stands."""
+    order: list[str] = []
+    host = _deferring_host(tmp_path, Deferring(order, fail=True))
+    with pytest.raises(PolicyError, match="no room"):
+        host.create_container(Pod(id="p", name="pod"), shared("a"))
+    assert order == ["decided", "before reply"]
+    order.clear()
+    host = _deferring_host(tmp_path / "2", Deferring(order, broken=True))
+    with caplog.at_level(logging.ERROR, logger="nri_framework.host"):
+        result = host.create_container(Pod(id="p", name="pod"), shared("a"))
+    assert result.adjustment is not None and order == ["decided", "journaled", "before reply"]
+    assert "a call before the reply failed" in caplog.text
+    assert "a bug in the call" in caplog.text
