@@ -350,17 +350,25 @@ def test_an_unchanged_association_leaves_the_state_file_until_idle(
     assert again.dispatch(m.GetAssociation(cpus=[5])) == m.GetAssociationReply(clos={5: 1})
 
 
+def _managed_with_clos3(root: Path) -> tuple[SimBackend, RequestHandler]:
+    """A small sim in managed mode, CLOS 3 at 800-1600 MHz, CP enabled."""
+    from nri_sst import messages as m
+
+    sim = SimBackend(SMALL_SIM)
+    h = RequestHandler(sim, root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    h.dispatch(m.ConfigureClos(clos=3, min_khz=800_000, max_khz=1_600_000))
+    h.dispatch(m.EnableCP())
+    return sim, h
+
+
 def test_an_association_recomputes_what_a_whole_recompute_would(small_root: Path) -> None:
     """After an association the frequency oracle recomputes only the punits
     it changed: every CPU's figures are those of a whole recompute."""
     from nri_sst import messages as m
 
-    sim = SimBackend(SMALL_SIM)
-    h = RequestHandler(sim, small_root)
-    h.peers.add(b"")
-    h.dispatch(m.PrepareManagedMode())
-    h.dispatch(m.ConfigureClos(clos=3, min_khz=800_000, max_khz=1_600_000))
-    h.dispatch(m.EnableCP())
+    sim, h = _managed_with_clos3(small_root)
     for clos, cpus in ((3, [0, 1, 2]), (0, [1]), (3, [9, 12])):
         h.dispatch(m.AssociateCpus(clos=clos, cpus=cpus))
         partial = [sim.expected_mhz(cpu) for cpu in range(SMALL_SIM.ncpus)]
@@ -464,12 +472,7 @@ def test_an_association_reply_leaves_the_frequency_model_for_later(small_root: P
     (or by the first read), to the same figures as computed at once."""
     from nri_sst import messages as m
 
-    sim = SimBackend(SMALL_SIM)
-    h = RequestHandler(sim, small_root)
-    h.peers.add(b"")
-    h.dispatch(m.PrepareManagedMode())
-    h.dispatch(m.ConfigureClos(clos=3, min_khz=800_000, max_khz=1_600_000))
-    h.dispatch(m.EnableCP())
+    sim, h = _managed_with_clos3(small_root)
     sim.catch_up()
     computed = []
     recompute = sim._recompute
