@@ -20,9 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -303,9 +304,7 @@ class PolicyHost:
     def create_container(self, pod: Pod, container: Container) -> CreateResult:
         self._put_pod(pod)
         self.cache.put_container(container)
-        calls: list[Callable[[], None]] = []
-        self._before_reply = calls
-        try:
+        with self._answering():
             result: CreateResult | None = self.hook.nri_create_container(
                 pod=pod, container=container
             )
@@ -317,8 +316,6 @@ class PolicyHost:
                 self.cache.record(u.container_id, u.resources)
             self.changed()
             return result
-        finally:
-            self._replied(calls)
 
     def update_container(
         self, pod: Pod, container: Container, resources: Resources
@@ -335,16 +332,12 @@ class PolicyHost:
 
     def stop_container(self, pod: Pod, container: Container) -> list[Update]:
         self.cache.set_state(container.id, ContainerState.STOPPED)
-        calls: list[Callable[[], None]] = []
-        self._before_reply = calls
-        try:
+        with self._answering():
             updates = self.hook.nri_stop_container(pod=pod, container=container) or []
             for u in updates:
                 self.cache.record(u.container_id, u.resources)
             self.changed()
             return updates
-        finally:
-            self._replied(calls)
 
     def before_reply(self, call: Callable[[], None]) -> None:
         """``call`` runs once the answer of the create or stop now decided
@@ -357,10 +350,19 @@ class PolicyHost:
         else:
             self._before_reply.append(call)
 
-    def _replied(self, calls: list[Callable[[], None]]) -> None:
-        self._before_reply = None
-        for call in calls:
-            self._run(call)
+    @contextlib.contextmanager
+    def _answering(self) -> Iterator[None]:
+        """While a create or stop is answered: what :meth:`before_reply` is
+        given waits, and runs when the answer leaves the block (returned or
+        raised)."""
+        calls: list[Callable[[], None]] = []
+        self._before_reply = calls
+        try:
+            yield
+        finally:
+            self._before_reply = None
+            for call in calls:
+                self._run(call)
 
     @staticmethod
     def _run(call: Callable[[], None]) -> None:

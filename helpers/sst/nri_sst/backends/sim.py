@@ -316,8 +316,7 @@ class SimBackend(Backend):
         self._unsaved = False
         if self.state_file is None:
             return
-        if self._stale or self._stale_punits:
-            self._recompute()  # the file holds the frequencies of the state it holds
+        self.catch_up()  # the file holds the frequencies of the state it holds
         hardware, volatile = self._hardware(), self._volatile()
         self._write(hardware, volatile)
         self._saved_volatile = volatile
