@@ -12,8 +12,10 @@ under the host root it was given.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from nri_sst import _cpuset
 
 CPU_DIR = "sys/devices/system/cpu"
 UNCORE_DIR = f"{CPU_DIR}/intel_uncore_frequency"
+MAX_KEPT_FILES = 16
+"""C-state ``disable`` files a writer keeps open (within the helper's FD reserve)."""
 
 
 class SysfsError(Exception):
@@ -81,6 +85,13 @@ def _read_int(path: Path | str, default: int = 0) -> int:
         return int(_read(path))
     except (OSError, ValueError):
         return default
+
+
+def _read_or_none(path: str) -> str | None:
+    try:
+        return _read(path)
+    except OSError:
+        return None
 
 
 def discover_machine(root: Path) -> Machine:
@@ -166,12 +177,20 @@ class SysfsWriter:
         self.cpu_dir = machine.root / CPU_DIR
         self._cpu_dir = str(self.cpu_dir)
         """as a string: the per-request paths are strings (no Path per file)"""
+        self._kept: OrderedDict[tuple[int, int], int] = OrderedDict()
+        """(CPU, idle state) -> the open ``disable`` file (:meth:`_write_kept`)"""
+        self._cstates: dict[int, list[str | None]] = {}
+        """CPU -> each idle state's ``disable`` as last written (:meth:`_cstates_now`)"""
 
-    def _write(self, path: Path | str, value: str) -> None:
+    @staticmethod
+    def _open(path: Path | str) -> int:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+            return os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
         except OSError as exc:
             raise SysfsError(f"cannot open {path}: {os.strerror(exc.errno or errno.EIO)}") from None
+
+    def _write(self, path: Path | str, value: str) -> None:
+        fd = self._open(path)
         try:
             os.write(fd, f"{value}\n".encode())
         except OSError as exc:
@@ -180,10 +199,71 @@ class SysfsWriter:
             os.close(fd)
 
     def set_cstates(self, cpu: int, disabled: frozenset[str]) -> None:
-        """``disable=1`` for names in ``disabled``, ``disable=0`` for all other states."""
+        """``disable=1`` for names in ``disabled``, ``disable=0`` for all other
+        states; only the states whose ``disable`` differs from what it holds
+        are written (:meth:`_cstates_now`)."""
         base = f"{self._cpu_dir}/cpu{cpu:d}/cpuidle"  # a string: no Path per state
+        now = self._cstates_now(cpu, base)
         for index, name in enumerate(self.machine.cstates.get(cpu, ())):
-            self._write(f"{base}/state{index:d}/disable", "1" if name in disabled else "0")
+            value = "1" if name in disabled else "0"
+            if now[index] == value:
+                continue
+            now[index] = None  # unknown until the write is done
+            self._write_kept((cpu, index), f"{base}/state{index:d}/disable", value)
+            now[index] = value
+
+    def _write_kept(self, key: tuple[int, int], path: str, value: str) -> None:
+        """``value`` (one character) to ``path`` through a file descriptor kept
+        open for the next write of the same file (at most
+        :data:`MAX_KEPT_FILES`, the least recently written closed first): a
+        sysfs attribute takes each ``write`` whole, whatever the offset, and an
+        open file costs no path walk (the HP balloons' CPUs are the ones written
+        again and again). A kept descriptor that fails (its CPU went offline)
+        is closed and the file opened again: that open's error is the one
+        reported."""
+        data = f"{value}\n".encode()
+        kept = self._kept
+        fd = kept.get(key)
+        if fd is not None:
+            kept.move_to_end(key)
+            try:
+                if os.pwrite(fd, data, 0) == len(data):
+                    return
+            except OSError:
+                pass
+            del kept[key]
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        fd = self._open(path)
+        try:
+            os.write(fd, data)
+        except OSError as exc:
+            os.close(fd)
+            raise SysfsError(f"cannot write {value!r} to {path}: {exc.strerror}") from None
+        kept[key] = fd
+        while len(kept) > MAX_KEPT_FILES:
+            os.close(kept.popitem(last=False)[1])
+
+    def close(self) -> None:
+        """Close the file descriptors kept open (:meth:`_write_kept`)."""
+        while self._kept:
+            os.close(self._kept.popitem()[1])
+
+    def _cstates_now(self, cpu: int, base: str) -> list[str | None]:
+        """Each idle state's ``disable`` of ``cpu`` as this writer last wrote it,
+        read from sysfs the first time the CPU is written (``None``: unknown, a
+        read or write that failed, so the next request writes it). The helper is
+        the one writer of these files on the node (the policy sends it every
+        C-state change): a value written behind its back stays until a request
+        changes that state's bit again, as when the policy sends nothing for a
+        CPU whose class did not change."""
+        now = self._cstates.get(cpu)
+        if now is None:
+            now = self._cstates[cpu] = [
+                _read_or_none(f"{base}/state{index:d}/disable")
+                for index in range(len(self.machine.cstates.get(cpu, ())))
+            ]
+        return now
 
     def set_cpufreq(
         self,

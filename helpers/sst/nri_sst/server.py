@@ -57,14 +57,16 @@ from nri_sst import messages as m
 from nri_sst import zmtp
 from nri_sst.backends.base import Backend
 from nri_sst.handler import RequestHandler
+from nri_sst.hostfs import MAX_KEPT_FILES
 from nri_sst.retry import Backoff, Obstacle, Reporter
 
 log = logging.getLogger("nri_sst")
 
 MAX_CONNECTIONS = 32
 """Peers connected at once (the plugin needs one; ``info`` one more)."""
-FD_RESERVE = 16
-"""File descriptors kept free of connections for the backend and sysfs writes."""
+FD_RESERVE = 16 + MAX_KEPT_FILES
+"""File descriptors kept free of connections for the backend and sysfs writes
+(the writer's kept C-state files among them)."""
 BACKLOG = 32
 ACCEPT_BURST = 16
 ACCEPT_BACKOFF = 0.1
