@@ -119,6 +119,6 @@ def show(title: str, figures: list[Figure]) -> None:
     print(f"\n{title}")
     width = max(len(f.name) for f in figures)
     for f in figures:
-        target = f.limit_text() or f.note
+        target = "  ".join(text for text in (f.limit_text(), f.note) if text)
         ratio = f" {f.ratio_text()}" if f.base else ""
         print(f"{f.name.ljust(width)}  {f.value:>8.2f} {f.unit:<2}{ratio}  {target}")

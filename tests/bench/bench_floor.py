@@ -74,6 +74,8 @@ class Stats(msgspec.Struct, frozen=True):
     count: int
     p50_ms: float
     p99_ms: float
+    #: the three largest samples, largest first (a p99 of 100 is one or two of them)
+    slowest_ms: list[float] = []
 
 
 class Round(msgspec.Struct, frozen=True):
@@ -115,6 +117,10 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def _slowest(samples: list[float]) -> list[float]:
+    return sorted(samples, reverse=True)[:3]
+
+
 def _median_round(rounds: list[Round]) -> Round:
     """One round's figures, each the median of ``rounds``' (same running count)."""
     kinds = set.intersection(*(set(r.requests) for r in rounds))
@@ -129,6 +135,7 @@ def _median_round(rounds: list[Round]) -> Round:
                 count=sum(r.requests[k].count for r in rounds),
                 p50_ms=_median([r.requests[k].p50_ms for r in rounds]),
                 p99_ms=_median([r.requests[k].p99_ms for r in rounds]),
+                slowest_ms=_slowest([ms for r in rounds for ms in r.requests[k].slowest_ms]),
             )
             for k in sorted(kinds)
         },
@@ -162,12 +169,17 @@ def _has(result: PeerResult, running: int) -> bool:
 
 def _ratio(
     targeted: bool, key: str, name: str, value: float, base: float, multiple: float,
-    base_name: str = "floor",
+    base_name: str = "floor", note: str = "",
 ) -> Figure:  # fmt: skip
     """A figure in ms beside ``base``: its target ``multiple`` times it when ``targeted``."""
     if targeted:
-        return Figure.relative(key, name, value, "ms", base, multiple, base_name)
-    return Figure(key, name, value, "ms", base=base, base_name=base_name)
+        return Figure.relative(key, name, value, "ms", base, multiple, base_name, note)
+    return Figure(key, name, value, "ms", note=note, base=base, base_name=base_name)
+
+
+def _ms_list(samples: list[float]) -> str:
+    """``2.1/0.9/0.8 ms``: a p99's outliers for people."""
+    return "/".join(f"{ms:.2g}" for ms in samples) + " ms" if samples else "-"
 
 
 #: the figures a round's requests make (its Synchronize, RSS and restart are
@@ -259,6 +271,7 @@ def _figures(
                 hp.p99_ms,
                 1.5,
                 "no PCT",
+                note=f"slowest {_ms_list(hp_pct.slowest_ms)}, no PCT {_ms_list(hp.slowest_ms)}",
             )
         )
         rows.append(

@@ -49,6 +49,11 @@ type Stats struct {
 	Count int     `json:"count"`
 	P50   float64 `json:"p50_ms"`
 	P99   float64 `json:"p99_ms"`
+	// Slowest are the three largest samples, largest first: whether a p99 of
+	// a hundred samples is one outlier or a tail.
+	Slowest []float64 `json:"slowest_ms"`
+	// Samples are all of them in the order they were taken (-samples only).
+	Samples []float64 `json:"samples_ms,omitempty"`
 }
 
 // Round is what one count of running containers measured.
@@ -153,6 +158,16 @@ func quantile(samples []float64, q float64) float64 {
 		i = len(s) - 1
 	}
 	return s[i]
+}
+
+// slowest is the n largest of samples, largest first.
+func slowest(samples []float64, n int) []float64 {
+	s := append([]float64(nil), samples...)
+	sort.Sort(sort.Reverse(sort.Float64Slice(s)))
+	if len(s) > n {
+		s = s[:n]
+	}
+	return s
 }
 
 // plugin is the launched plugin process.
@@ -308,6 +323,9 @@ func (r *runtime) onPath(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
+// keepSamples: the -samples flag.
+var keepSamples bool
+
 // round measures one count of running containers; restart: also that many
 // plugin restarts (their median is the figure: one start is one sample of a
 // process's scheduling on a shared machine).
@@ -362,7 +380,12 @@ func round(socket string, running, cycles, warmup, restart int, args []string, l
 	}
 	times["create"] = append(append([]float64(nil), times["create_hp"]...), times["create_lp"]...)
 	for kind, samples := range times {
-		out.Requests[kind] = Stats{len(samples), quantile(samples, 0.5), quantile(samples, 0.99)}
+		st := Stats{Count: len(samples), P50: quantile(samples, 0.5), P99: quantile(samples, 0.99),
+			Slowest: slowest(samples, 3)}
+		if keepSamples {
+			st.Samples = samples
+		}
+		out.Requests[kind] = st
 	}
 	out.PluginRSS = p.rssMB()
 	out.Unadjusted = r.unadjusted
@@ -394,6 +417,7 @@ func main() {
 	restarts := flag.Int("restarts", 5, "at the largest count, also time this many plugin restarts (their median)")
 	logPath := flag.String("plugin-log", os.DevNull, "where the plugin's output goes")
 	timeout := flag.Duration("timeout", 60*time.Second, "registration and request timeout")
+	flag.BoolVar(&keepSamples, "samples", false, "also print every sample of each request kind")
 	flag.Parse()
 	args := flag.Args()
 	if *socket == "" || len(args) == 0 {
