@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from nri_sst.backends.sim import read_state
 
 
 def proc_status(pid: int, field: str) -> int:
@@ -31,7 +32,7 @@ class Helper:
         self.log = log
 
     def sim_state(self) -> dict[str, object]:
-        doc: dict[str, object] = json.loads(self.state.read_text())
+        doc: dict[str, object] = read_state(self.state)
         return doc
 
     def peak_rss_mb(self) -> float:

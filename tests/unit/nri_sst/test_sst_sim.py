@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 from nri_sst.backends.base import MSR_APERF, MSR_MPERF, MSR_TSC, ClosParam
-from nri_sst.backends.sim import SimBackend, SimConfig
+from nri_sst.backends.sim import SimBackend, SimConfig, journal_path, read_state
 from nri_sst.handler import RequestHandler
 from nri_sst.hostfs import discover_machine
 from nri_sst.sst_platform import SstPlatform
@@ -284,7 +285,7 @@ def test_state_file_persists_across_restart(tmp_path: Path) -> None:
     sim = SimBackend(state_file=state)
     sim.core_power_set(1, 1, True, True)
     sim.sync()
-    doc = json.loads(state.read_text())
+    doc = read_state(state)
     assert doc["punits"]["1/1"]["cp_enable"] is True
     assert doc["log"][-1]["op"] == "cp"
     again = SimBackend(state_file=state)
@@ -342,7 +343,7 @@ def test_an_unchanged_association_leaves_the_state_file_until_idle(
     assert (state.stat().st_mtime_ns, state.stat().st_ino) == written
     assert sim.has_deferred()
     sim.idle()
-    assert json.loads(state.read_text())["log"][-1]["op"] == "clos-assoc"
+    assert read_state(state)["log"][-1]["op"] == "clos-assoc"
     assert not sim.has_deferred()
     h.dispatch(m.AssociateCpus(clos=1, cpus=[5]))
     again = RequestHandler(SimBackend(SMALL_SIM, state_file=state), small_root)  # kill -9 now
@@ -508,3 +509,120 @@ def test_the_hardware_part_is_the_state_encoded_after_an_irq_change(small_root: 
     h.interrupts.set_affinity(irq, [1, 2])
     assert sim.state["irqs"][str(irq)] == [1, 2]
     assert sim._hardware() == whole()
+
+
+def _journaled(root: Path, tmp_path: Path) -> tuple[SimBackend, RequestHandler, Path]:
+    """A small sim with a state file in managed mode, saved whole (as when idle)."""
+    from nri_sst import messages as m
+
+    state = tmp_path / "sim.json"
+    sim = SimBackend(SMALL_SIM, state_file=state)
+    h = RequestHandler(sim, root)
+    h.peers.add(b"")
+    h.dispatch(m.PrepareManagedMode())
+    sim.idle()
+    return sim, h, state
+
+
+def _assoc_of_cpu5(state: Path) -> int:
+    """CLOS of cpu 5 (punit 1/0, module 1) in what the state file and journal hold."""
+    clos: int = read_state(state)["punits"]["1/0"]["assoc"][1]
+    return clos
+
+
+def test_a_change_is_appended_to_the_journal_and_the_file_saved_whole_when_idle(
+    small_root: Path, tmp_path: Path
+) -> None:
+    """A change the hardware keeps costs the reply one appended line (the
+    parts that changed), not the whole state rewritten; the idle helper
+    saves the whole state and starts a new journal."""
+    from nri_sst import messages as m
+
+    sim, h, state = _journaled(small_root, tmp_path)
+    written = state.stat().st_ino
+    journal = Path(journal_path(state))
+    header = journal.read_bytes()
+    h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    h.dispatch(m.AssociateCpus(clos=3, cpus=[5]))
+    assert state.stat().st_ino == written
+    lines = journal.read_bytes()[len(header) :].splitlines()
+    assert [set(json.loads(line)) for line in lines] == [{"punits"}, {"punits"}]
+    assert _assoc_of_cpu5(state) == 3
+    sim.idle()
+    assert state.stat().st_ino != written and journal.read_bytes().count(b"\n") == 1
+    assert json.loads(state.read_bytes())["punits"]["1/0"]["assoc"][1] == 3
+
+
+def test_a_journal_of_another_state_file_is_not_read(small_root: Path, tmp_path: Path) -> None:
+    """The state file replaced (by hand, or saved anew by a helper killed
+    before its new journal was made): the journal beside it follows another
+    file and is not put over it."""
+    from nri_sst import messages as m
+
+    _, h, state = _journaled(small_root, tmp_path)
+    before = state.read_bytes()
+    h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    assert _assoc_of_cpu5(state) == 2
+    state.unlink()
+    state.write_bytes(before)  # the same text, another file
+    assert _assoc_of_cpu5(state) == 0
+    assert SimBackend(SMALL_SIM, state_file=state).clos_assoc_get(1, 0, 1) == 0
+
+
+def test_a_journal_line_cut_short_ends_the_journal(small_root: Path, tmp_path: Path) -> None:
+    """A helper killed while appending: the changes before the cut line are
+    read, the cut one is not, and a new helper starts from that."""
+    from nri_sst import messages as m
+
+    _, h, state = _journaled(small_root, tmp_path)
+    h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    h.dispatch(m.AssociateCpus(clos=3, cpus=[5]))
+    journal = Path(journal_path(state))
+    with journal.open("r+b") as f:
+        f.truncate(journal.stat().st_size - 7)
+    assert _assoc_of_cpu5(state) == 2
+    again = SimBackend(SMALL_SIM, state_file=state)
+    assert again.clos_assoc_get(1, 0, 1) == 2
+
+
+def test_a_failed_journal_write_is_reported_and_the_next_change_saves_whole(
+    small_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+
+    from nri_sst import messages as m
+
+    sim, h, state = _journaled(small_root, tmp_path)
+    assert sim._journal is not None
+    os.close(sim._journal)  # the next append fails (EBADF)
+    ro = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(ro, sim._journal)
+    os.close(ro)
+    h.dispatch(m.AssociateCpus(clos=2, cpus=[5]))
+    assert "backend sync failed" in caplog.text
+    written = state.stat().st_ino
+    h.dispatch(m.AssociateCpus(clos=3, cpus=[5]))
+    assert state.stat().st_ino != written  # saved whole, a new journal after it
+    assert json.loads(state.read_bytes())["punits"]["1/0"]["assoc"][1] == 3
+    assert SimBackend(SMALL_SIM, state_file=state).clos_assoc_get(1, 0, 1) == 3
+
+
+def test_a_journal_past_its_limit_is_saved_whole(
+    small_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper never idle: the journal grows to at most its limit and a
+    line; the change past it saves the whole state and starts a new journal."""
+    from nri_sst import messages as m
+    from nri_sst.backends import sim as sim_module
+
+    monkeypatch.setattr(sim_module, "JOURNAL_LIMIT", 4096)
+    _, h, state = _journaled(small_root, tmp_path)
+    journal = Path(journal_path(state))
+    sizes = []
+    for n in range(40):
+        h.dispatch(m.AssociateCpus(clos=n % 4, cpus=[5]))
+        sizes.append(journal.stat().st_size)
+        assert _assoc_of_cpu5(state) == n % 4
+    line = sizes[1] - sizes[0]
+    assert max(sizes) <= 4096 + line
+    assert any(later < earlier for earlier, later in itertools.pairwise(sizes))

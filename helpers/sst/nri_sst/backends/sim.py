@@ -8,8 +8,11 @@ per-punit state (CP enable/priority, 4 CLOS as ratios, association per
 frequency per CPU (§5.5.12) from which APERF/MPERF advance with a clock.
 
 State lives in a JSON file (``--sim-state FILE``), loaded at start if present
-(hardware state survives a helper restart) and rewritten atomically after every
-change, so tests and demos can inspect it:
+(hardware state survives a helper restart): rewritten atomically when the
+helper is idle, and each change the hardware keeps appended before the reply
+to ``FILE.journal`` (what changed since the file was written; a kill after a
+reply loses nothing the hardware would keep). :func:`read_state` reads the two,
+so tests and demos can inspect it:
 
 ``punits["<pkg>/<punit>"]``
     ``cp_enable``, ``cp_ordered``, ``clos`` (4 x ``[min_ratio, max_ratio, prop]``),
@@ -65,7 +68,54 @@ VOLATILE = frozenset({"cpus", "clock", "log"})
 """Parts of the state that are not what the hardware holds (the counters,
 the model's clock, the operation log): a change of them alone is saved when
 the helper is idle, not before the reply."""
+JOURNAL_LIMIT = 1 << 20
+"""Bytes of journal (see :func:`read_state`) after which a change is saved
+whole on the reply path instead (an idle helper saves whole anyway)."""
 _json = msgspec.json.Encoder()
+
+
+def journal_path(state_file: Path | str) -> str:
+    """Where the changes made since ``state_file`` was saved whole go."""
+    return f"{os.fspath(state_file)}.journal"
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    """What a journal names the state file it follows by (a file saved anew
+    is a new inode: a journal of an earlier one, or one beside a file put
+    there by hand, is not read)."""
+    return [st.st_ino, st.st_mtime_ns, st.st_size]
+
+
+def read_state(state_file: Path | str) -> dict[str, Any]:
+    """The state the sim's state file holds (raising ``OSError`` or
+    ``ValueError``): the file, saved whole when the helper was idle, with
+    its journal's changes since (each line the hardware parts that changed,
+    appended before the reply went out) put over it in order. A journal that
+    follows another file is not read; a line cut short (the helper killed
+    while writing it) ends it."""
+    path = os.fspath(state_file)
+    with open(path, "rb") as f:
+        ident = _identity(os.fstat(f.fileno()))
+        state: dict[str, Any] = json.loads(f.read())
+    try:
+        with open(journal_path(path), "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return state
+    try:
+        if json.loads(lines[0]) != {"follows": ident}:
+            return state
+    except ValueError:
+        return state
+    for line in lines[1:]:
+        try:
+            change = json.loads(line)
+        except ValueError:
+            break  # the last line, cut short (or the empty one after the last newline)
+        if not isinstance(change, dict):
+            break
+        state.update((k, v) for k, v in change.items() if k in state and k not in VOLATILE)
+    return state
 
 
 @dataclass(frozen=True)
@@ -201,10 +251,13 @@ class SimBackend(Backend):
         each module's CLOS (when only CLOS changed and this did not: only the
         changed modules are computed again)."""
         self._unsaved = False
-        self._saved_hardware: bytes | None = None
-        """The hardware part of the state as last saved (None: never saved)."""
-        self._saved_volatile: bytes | None = None
-        """The :data:`VOLATILE` part as last saved whole (None: never saved)."""
+        self._saved_parts: dict[str, bytes] | None = None
+        """Each part of the hardware part (:meth:`_hardware_parts`) as the state
+        file and its journal hold it (None: not known, the next change saves whole)."""
+        self._journal: int | None = None
+        """The journal's descriptor, open for appending (None: none since the
+        last whole save, or it failed: the next change saves whole)."""
+        self._journal_size = 0
         self._irqs_json: tuple[object, bytes] | None = None
         """``state["irqs"]`` and its encoding (see :meth:`_hardware`)."""
         self._at: list[float] | None = None
@@ -229,13 +282,12 @@ class SimBackend(Backend):
         self.state: dict[str, Any] = self._initial_state()
         if self.state_file is not None and self.state_file.exists():
             try:
-                loaded = json.loads(self.state_file.read_text())
+                loaded = read_state(self.state_file)
                 if loaded.get("version") == 1 and set(loaded["punits"]) == set(
                     self.state["punits"]
                 ):
                     self.state = loaded
-                    self._saved_hardware = self._hardware()
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 pass  # a corrupt state file is replaced by the boot state
         self.state["clock"] = self.clock()
         self._recompute()
@@ -285,10 +337,15 @@ class SimBackend(Backend):
 
     def _hardware(self) -> bytes:
         """What the hardware holds (the state without :data:`VOLATILE`), encoded:
-        the same bytes as the dict's encoding, with the IRQ affinities (most
-        of it: every online CPU of each IRQ) encoded again only when one
-        changed (:meth:`irqs_changed`), not at every association write."""
-        parts = []
+        the same bytes as the dict's encoding."""
+        return _join(self._hardware_parts())
+
+    def _hardware_parts(self) -> dict[str, bytes]:
+        """Each key of the state but :data:`VOLATILE` and its value encoded;
+        the IRQ affinities (most of it: every online CPU of each IRQ) encoded
+        again only when one changed (:meth:`irqs_changed`), not at every
+        association write."""
+        parts = {}
         for key, value in self.state.items():
             if key in VOLATILE:
                 continue
@@ -296,11 +353,10 @@ class SimBackend(Backend):
                 cached = self._irqs_json
                 if cached is None or cached[0] is not value:
                     cached = self._irqs_json = (value, _json.encode(value))
-                encoded = cached[1]
+                parts[key] = cached[1]
             else:
-                encoded = _json.encode(value)
-            parts.append(b"%s:%s" % (_json.encode(key), encoded))
-        return b"{%s}" % b",".join(parts)
+                parts[key] = _json.encode(value)
+        return parts
 
     def irqs_changed(self) -> None:
         """An IRQ affinity of the state changed: :meth:`_hardware` encodes them again."""
@@ -312,41 +368,61 @@ class SimBackend(Backend):
 
     def save(self) -> None:
         """The whole state to the state file (atomically: a new file renamed
-        over the old)."""
+        over the old), and a new journal after it."""
         self._unsaved = False
         if self.state_file is None:
             return
         self.catch_up()  # the file holds the frequencies of the state it holds
-        hardware, volatile = self._hardware(), self._volatile()
-        self._write(hardware, volatile)
-        self._saved_volatile = volatile
+        parts = self._hardware_parts()
+        path = os.fspath(self.state_file)
+        self._saved_parts = None  # until both are written
+        self._close_journal()
+        data = b"".join((_join(parts)[:-1], b",", self._volatile()[1:]))
+        ident = _identity(_write_new(path, data))
+        self._start_journal(path, ident)
+        self._saved_parts = parts
 
-    def _save_hardware(self, hardware: bytes) -> None:
-        """``hardware`` (:meth:`_hardware`) to the state file now, beside the
-        :data:`VOLATILE` part as last saved (the counters and log lines of
-        now follow when the helper is idle: they are most of the state, and
-        no reply waits for them)."""
-        if self._saved_volatile is None:
+    def _save_hardware(self, parts: dict[str, bytes]) -> None:
+        """The parts of the hardware part that changed since the state file and
+        its journal were written, appended to the journal in one write (or, with
+        no journal or a full one, the whole state saved now); the counters and
+        log lines of now follow when the helper is idle: they are most of the
+        state, and no reply waits for them."""
+        saved = self._saved_parts
+        fd = self._journal
+        if (
+            saved is None
+            or fd is None
+            or self._journal_size > JOURNAL_LIMIT
+            or saved.keys() != parts.keys()
+        ):
             self.save()
             return
-        self._write(hardware, self._saved_volatile)
+        changed = {k: v for k, v in parts.items() if saved[k] != v}
+        line = b"%s\n" % _join(changed)
+        try:
+            _write_all(fd, line)
+        except OSError:
+            self._close_journal()  # what it holds now is not known: the next change saves whole
+            self._saved_parts = None
+            raise
+        self._journal_size += len(line)
+        saved.update(changed)
         self._unsaved = True
 
-    def _write(self, hardware: bytes, volatile: bytes) -> None:
-        """One JSON object of the two encoded parts, written atomically."""
-        assert self.state_file is not None
-        path = os.fspath(self.state_file)
-        tmp = path + ".tmp"
-        data = b"".join((hardware[:-1], b",", volatile[1:]))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-        try:
-            view = memoryview(data)
-            while view:  # a regular file takes it whole; a short write goes on
-                view = view[os.write(fd, view) :]
-        finally:
+    def _start_journal(self, path: str, ident: list[int]) -> None:
+        """A new journal following the state file ``ident`` names, open for
+        appending (a new file renamed over the old: a helper still holding the
+        old one appends to that, not to this)."""
+        journal = journal_path(path)
+        _write_new(journal, b"%s\n" % _json.encode({"follows": ident}))
+        fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._journal, self._journal_size = fd, os.fstat(fd).st_size
+
+    def _close_journal(self) -> None:
+        if self._journal is not None:
+            fd, self._journal = self._journal, None
             os.close(fd)
-        os.replace(tmp, path)
-        self._saved_hardware = hardware
 
     def _log(self, op: str, **fields: int | bool | str) -> None:
         log: list[dict[str, Any]] = self.state["log"]
@@ -426,9 +502,9 @@ class SimBackend(Backend):
         # nothing the hardware holds (an association to the CLOS a core is on
         # already, a cpufreq write: sysfs keeps those) leaves only counters
         # and log lines, saved when idle.
-        hardware = self._hardware()
-        if hardware != self._saved_hardware:
-            self._save_hardware(hardware)
+        parts = self._hardware_parts()
+        if parts != self._saved_parts:
+            self._save_hardware(parts)
         else:
             self._unsaved = True
 
@@ -965,3 +1041,27 @@ class SimResctrl(Resctrl):
             and not (v + low) & v
             and v.bit_count() >= res.min_cbm_bits
         )
+
+
+def _join(parts: dict[str, bytes]) -> bytes:
+    """The JSON object of ``parts`` (key -> encoded value)."""
+    return b"{%s}" % b",".join(b"%s:%s" % (_json.encode(k), v) for k, v in parts.items())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a regular file takes it whole; a short write goes on
+        view = view[os.write(fd, view) :]
+
+
+def _write_new(path: str, data: bytes) -> os.stat_result:
+    """``data`` as ``path``, atomically (a new file renamed over it); the new file's stat."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        _write_all(fd, data)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return st
