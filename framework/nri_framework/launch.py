@@ -16,34 +16,57 @@ asyncio is imported, once msgspec and the topology's records are).
 asyncio is imported without TLS (:func:`import_asyncio_without_tls`): its event
 loop speaks NRI over a unix socket and plain HTTP on the metrics endpoint, and
 its ``try: import ssl`` would load OpenSSL (~7 ms of every start) for nothing.
+msgspec is imported without typing_extensions
+(:func:`import_msgspec_without_typing_extensions`, before anything here
+imports msgspec): on Python 3.11+ :mod:`typing` has what msgspec takes from it,
+and the import of typing_extensions (with :mod:`inspect`) is ~10 ms of a start.
 """
 
 from __future__ import annotations
 
 import sys
 
-from nri_framework import topology_child
-from nri_framework.heap import pause_heap
+
+def import_without(module: str, blocked: str) -> None:
+    """Import ``module`` as on a Python without ``blocked``: for the duration
+    of the import ``sys.modules[blocked]`` is ``None``, which makes ``import
+    blocked`` raise :class:`ImportError` (the import system's documented way
+    to block a name), and ``module`` catches it. Afterwards ``import blocked``
+    loads it as usual. A process that has either module already is left as
+    it is."""
+    if module in sys.modules or blocked in sys.modules:
+        return
+    sys.modules[blocked] = None  # type: ignore[assignment]
+    try:
+        __import__(module)
+    finally:
+        if blocked in sys.modules and sys.modules[blocked] is None:
+            del sys.modules[blocked]
 
 
 def import_asyncio_without_tls() -> None:
-    """Import :mod:`asyncio` as on a Python built without :mod:`ssl`: for the
-    duration of the import ``sys.modules["ssl"]`` is ``None``, which makes
-    ``import ssl`` raise :class:`ImportError` (the import system's documented
-    way to block a name), and asyncio's modules catch it (``ssl = None``).
-    Afterwards ``import ssl`` loads it as usual: the Kubernetes agent's client
-    (urllib3, blocking, in its own threads) speaks TLS to the API server; only
-    asyncio's own TLS (``ssl=`` of ``create_connection``, ``start_server``)
-    stays off in this process, and raises ``RuntimeError`` if asked for. A
-    process that has either module already is left as it is."""
-    if "asyncio" in sys.modules or "ssl" in sys.modules:
-        return
-    sys.modules["ssl"] = None  # type: ignore[assignment]
-    try:
-        import asyncio  # noqa: F401
-    finally:
-        if "ssl" in sys.modules and sys.modules["ssl"] is None:
-            del sys.modules["ssl"]
+    """Import :mod:`asyncio` without :mod:`ssl` (:func:`import_without`):
+    asyncio's modules catch the ImportError (``ssl = None``). The Kubernetes
+    agent's client (urllib3, blocking, in its own threads) imports ssl later
+    and speaks TLS to the API server; only asyncio's own TLS (``ssl=`` of
+    ``create_connection``, ``start_server``) stays off in this process, and
+    raises ``RuntimeError`` if asked for."""
+    import_without("asyncio", "ssl")
+
+
+def import_msgspec_without_typing_extensions() -> None:
+    """Import :mod:`msgspec` without typing_extensions (:func:`import_without`):
+    ``msgspec._utils`` catches the ImportError and takes ``get_type_hints``,
+    ``Required`` and ``NotRequired`` from :mod:`typing` (3.11+ has them; our
+    types use nothing of typing_extensions). Whatever imports typing_extensions
+    afterwards (grpc, the Kubernetes client) gets it."""
+    import_without("msgspec", "typing_extensions")
+
+
+import_msgspec_without_typing_extensions()
+
+from nri_framework import topology_child  # noqa: E402  (imports msgspec)
+from nri_framework.heap import pause_heap  # noqa: E402
 
 
 def start_topology_child(argv: list[str]) -> None:
