@@ -30,11 +30,10 @@ enumerations and ranges are checked afterwards by
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import msgspec.inspect as mi
-import yaml
 from nri_framework import cpuset
 
 from nri_balloons.config import (
@@ -50,6 +49,9 @@ from nri_balloons.config import (
 )
 from nri_balloons.frequency import Frequency, FrequencyError
 from nri_balloons.gofmt import quote
+
+if TYPE_CHECKING:
+    import yaml
 
 # --- decoding: YAML -> BalloonsPolicy, strictly, with every problem ---------------------
 
@@ -217,6 +219,8 @@ def _locate(node: yaml.Node | None, path: Path, *, at_key: bool) -> tuple[int, i
     when ``at_key``), or of the deepest ancestor found."""
     if node is None:
         return None
+    import yaml  # a node is there: the text was parsed, PyYAML is loaded
+
     at: yaml.Node = node
     for i, part in enumerate(path):
         if isinstance(node, yaml.MappingNode):

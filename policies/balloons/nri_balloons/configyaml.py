@@ -171,12 +171,20 @@ def parse_yaml(
     return docs
 
 
+def parse_policy(
+    text: str, *, source: str = "<config>", timeout: float | None = PARSE_TIMEOUT
+) -> tuple[object, yaml.Node]:
+    """The one document of a YAML text holding a ``BalloonsPolicy`` (or spec),
+    with its composed node."""
+    docs = parse_yaml(text, source=source, timeout=timeout)
+    if len(docs) != 1:
+        raise ConfigSyntaxError([f"{source}: expected one YAML document, found {len(docs)}"])
+    return docs[0]
+
+
 def load_policy(
     text: str, *, source: str = "<config>", timeout: float | None = PARSE_TIMEOUT
 ) -> BalloonsPolicy:
     """Parse and decode a YAML text holding exactly one ``BalloonsPolicy`` (or spec)."""
-    docs = parse_yaml(text, source=source, timeout=timeout)
-    if len(docs) != 1:
-        raise ConfigSyntaxError([f"{source}: expected one YAML document, found {len(docs)}"])
-    doc, node = docs[0]
+    doc, node = parse_policy(text, source=source, timeout=timeout)
     return decode_policy(doc, source=source, node=node)

@@ -37,11 +37,17 @@ from nri_framework.nri.versions import runtime_nri_version
 from nri_framework.topology import Topology
 from nri_framework.zones import Zone
 
-from nri_balloons import cpupriority, irqaffinity, rdtblockio, rdtpartitions, scheduling
+from nri_balloons import (
+    configcache,
+    cpupriority,
+    irqaffinity,
+    rdtblockio,
+    rdtpartitions,
+    scheduling,
+)
 from nri_balloons.busyfreq import BusyFrequency
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
-from nri_balloons.configdecode import ConfigError
-from nri_balloons.configyaml import load_policy
+from nri_balloons.configdecode import ConfigError, decode_policy
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.devices import pod_resource_entries
 from nri_balloons.endpoint import asked_endpoint
@@ -407,15 +413,28 @@ class Balloons:
 
     # -- configuration -----------------------------------------------------------
 
-    def prepare(self, text: str, source: str) -> PreparedConfig:
+    def prepare(self, text: str, source: str, *, cache: bool = False) -> PreparedConfig:
         """Parse and validate a configuration; raises PolicyError with every error.
 
-        Reads nothing but the topology: safe in the host's worker thread
+        Reads nothing but the topology (and, with ``cache``, the state
+        directory's :mod:`~nri_balloons.configcache`: the configuration file's
+        document as last parsed): safe in the host's worker thread
         (:meth:`policy_prepare_config`). Parsing is bounded in depth, size
-        and time (:func:`~nri_balloons.configyaml.load_policy`)."""
+        and time (:func:`~nri_balloons.configyaml.parse_policy`)."""
         assert self.policy is not None
+        host = self.host if cache else None
+        state_dir, name = (host.state_dir, host.policy_name) if host is not None else (None, "")
         try:
-            doc = load_policy(text, source=source)
+            parsed = configcache.cached_document(state_dir, name, text)
+            if parsed is not None:
+                doc = decode_policy(parsed, source=source)
+            else:
+                from nri_balloons.configyaml import parse_policy  # PyYAML: when parsed
+
+                parsed, node = parse_policy(text, source=source)
+                doc = decode_policy(parsed, source=source, node=node)
+                if state_dir is not None:
+                    configcache.keep(state_dir, name, text, parsed)
         except ConfigError as exc:
             raise PolicyError("\n".join(first_few(exc.errors))) from None
         result = validate(
@@ -641,7 +660,7 @@ class Balloons:
                 text = read_config_file(path)
             except ConfigFileError as exc:
                 raise PolicyError(str(exc)) from None
-            self.apply(self.prepare(text, path))
+            self.apply(self.prepare(text, path, cache=True))
         log.info("balloons policy started")
 
     @hookimpl

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from types import ModuleType
 
 import msgspec
@@ -57,3 +58,63 @@ def test_start_structs_have_evaluated_annotations(module: ModuleType) -> None:
         if isinstance(value, str)
     ]
     assert strings == []
+
+
+#: the spec's cpuClasses on a 16-CPU node
+_SMALL_PCT = """\
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default}
+spec:
+  reservedResources: {cpu: "cpuset:0,8"}
+  balloonTypes:
+  - name: hp-bln
+    cpuClass: hp-pct
+  cpuClasses:
+  - name: hp-pct
+    pctPriority: high
+    disabledCstates: [C6, C6P]
+"""
+
+_START = """
+import sys
+from nri_framework.launch import main
+rc = main(sys.argv[1:])
+print("OUT", rc, "yaml" in sys.modules)
+"""
+
+
+def _start(host_root: Path, config: Path, state: Path) -> tuple[str, str]:
+    """A whole start of ``run --policy balloons`` in a fresh interpreter (its
+    stub's connect finds no runtime: the run ends there); its OUT line and log."""
+    argv = ["run", "--policy", "balloons", "--host-root", str(host_root), "--exit-on-disconnect"]
+    argv += ["--state-dir", str(state), "--nri-socket", str(state.parent / "nri.sock")]
+    argv += ["--config-file", str(config)]
+    out = subprocess.run(
+        [sys.executable, "-c", _START, *argv], capture_output=True, text=True, timeout=60
+    )
+    lines = [line[4:] for line in out.stdout.splitlines() if line.startswith("OUT ")]
+    assert lines, out.stderr[-3000:]
+    return lines[0], out.stderr
+
+
+def test_a_restart_with_the_same_configuration_file_parses_no_yaml(tmp_path: Path) -> None:
+    """The first start parses the file (PyYAML) and keeps its document in the
+    state directory; a restart with the same text takes it from there and
+    imports no PyYAML; a changed file is parsed again, and its configuration
+    is the one applied."""
+    from nri_framework.simulate.sysfs import write_topology
+
+    host_root = write_topology(tmp_path / "host", "n4c16")
+    config = tmp_path / "config.yaml"
+    config.write_text(_SMALL_PCT)
+    state = tmp_path / "state"
+    first, _ = _start(host_root, config, state)
+    assert first == "1 True"
+    again, log = _start(host_root, config, state)
+    assert again == "1 False"
+    assert 'cpuClass "hp-pct" configured' in log
+    config.write_text(config.read_text().replace("hp-pct", "hp-fast"))
+    changed, log = _start(host_root, config, state)
+    assert changed == "1 True"
+    assert 'cpuClass "hp-fast" configured' in log and "hp-pct" not in log

@@ -1,0 +1,96 @@
+"""The configuration file's last text and its parsed YAML document, kept in
+the state directory: a restart with the same file takes the document from
+there, so that it neither imports PyYAML nor parses the text (~15 ms of a
+restart, of the 150 ms issue #14 allows; the decoding and validation of the
+document still run, as for any configuration).
+
+Only what parses back to the same document is kept: a YAML document that JSON
+cannot hold as it is (a timestamp, a key that is no string, a NaN) is parsed
+from its text at every start. The file is ours, but is read as any input:
+larger than :data:`MAX_CACHE_BYTES`, undecodable, of another policy or format,
+or for another text, it is not used (and the text is parsed); a cache that
+cannot be written costs the next start the parse, nothing else. Its document
+goes through the same decoding and validation as a parsed one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import msgspec
+from nri_framework.configfile import MAX_CONFIG_BYTES
+
+FORMAT = 1
+"""The cache file's format (a different one is not read)."""
+MAX_CACHE_BYTES = 4 * MAX_CONFIG_BYTES
+"""A cache file larger than this is not read (its text is at most
+:data:`~nri_framework.configfile.MAX_CONFIG_BYTES`, its document about as much)."""
+
+
+class ParsedConfig(msgspec.Struct, frozen=True):
+    """One configuration text and the document it parsed to."""
+
+    format: int
+    policy: str
+    text: str
+    document: object
+
+
+_decoder = msgspec.json.Decoder(ParsedConfig)
+
+
+def cache_path(state_dir: Path, policy: str) -> Path:
+    return state_dir / f"{policy}.config-cache.json"
+
+
+def cached_document(state_dir: Path | None, policy: str, text: str) -> object | None:
+    """The document ``text`` parsed to when it was last kept (:func:`keep`);
+    None when there is none for this text (then parse it)."""
+    if state_dir is None:
+        return None
+    path = cache_path(state_dir, policy)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CACHE_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_CACHE_BYTES:
+        return None
+    try:
+        cached = _decoder.decode(data)
+    except msgspec.DecodeError:
+        return None
+    if cached.format != FORMAT or cached.policy != policy or cached.text != text:
+        return None
+    return cached.document
+
+
+def keep(state_dir: Path | None, policy: str, text: str, document: object) -> bool:
+    """Keep ``text`` and the ``document`` it parsed to (written atomically: a
+    new file renamed over the old) when JSON holds the document as it is; the
+    old cache goes either way. False when nothing was kept."""
+    if state_dir is None:
+        return False
+    path = cache_path(state_dir, policy)
+    try:
+        data = msgspec.json.encode(ParsedConfig(FORMAT, policy, text, document))
+        same = msgspec.json.decode(data, type=ParsedConfig).document == document
+    except (TypeError, ValueError, OverflowError):  # msgspec's EncodeError is a ValueError
+        same = False
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if not same:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return False
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    return True
