@@ -298,15 +298,25 @@ class Server:
         if self._resume_at is not None:
             timeout = max(0.0, min(timeout, self._resume_at - time.monotonic()))
         ready = self.selector.select(timeout)
+        touched: list[Peer] = []
         for key, mask in ready:
             if key.fileobj is self.listener.sock:
                 self._accept()
             elif key.fileobj is self._wake_r:
                 self._drain_wakeups()
-            elif (peer := self.peers.get(key.fd)) is not None:
-                self._io(peer, mask)
+            elif (peer := self.peers.get(key.fd)) is not None and self._io(peer, mask):
+                touched.append(peer)
         busy = self._busy
-        self._busy = self._serve_one()
+        served = self._serve_one()
+        self._busy = served is not None
+        if served is not None:
+            touched.append(served)
+        # what each peer touched this turn waits for next, once: a request read
+        # and answered in the same turn leaves its peer's interest as it was
+        # (no epoll_ctl to stop reading and another to read again)
+        for peer in touched:
+            if self.peers.get(peer.sock.fileno()) is peer:  # not closed meanwhile
+                self._interest(peer)
         if self._resume_at is not None and time.monotonic() >= self._resume_at:
             self._resume_accepting()
         if not ready and not self._busy:
@@ -423,25 +433,26 @@ class Server:
 
     # ------------------------------------------------------------------ I/O
 
-    def _io(self, peer: Peer, mask: int) -> None:
+    def _io(self, peer: Peer, mask: int) -> bool:
+        """Send what waits, read what came; False when the peer was closed
+        (the caller sets what it waits for next: :meth:`_interest`)."""
         if mask & selectors.EVENT_WRITE and not self._flush(peer):
-            return
+            return False
         if mask & selectors.EVENT_READ and peer.pending is None:
             try:
                 data = peer.sock.recv(RECV_CHUNK)
             except (BlockingIOError, InterruptedError):
-                return
+                return True
             except OSError as exc:
                 self._close(peer, f"receive failed: {exc}")
-                return
+                return False
             if not data:
                 self._close(peer, "closed by the peer")
-                return
+                return False
             peer.wire.receive(data)
             peer.pending = peer.wire.next_event()
-            if not self._flush(peer):
-                return
-        self._interest(peer)
+            return self._flush(peer)
+        return True
 
     def _flush(self, peer: Peer) -> bool:
         """Send what can be sent now; False when the peer was closed."""
@@ -457,24 +468,28 @@ class Server:
             del peer.out[:sent]
         return True
 
-    def _serve_one(self) -> bool:
+    def _serve_one(self) -> Peer | None:
         """Handle one event: of the peer that asked least lately (lowest
         :attr:`Peer.load`) among those that have one and room for its reply.
         A client that asks now and then thus goes before peers that keep the
-        helper busy, however many they are. False: nothing to handle."""
+        helper busy, however many they are. Returns the peer served (None:
+        nothing to handle); the caller sets what it waits for next."""
         turn = self._turns
-        peer = min(
-            (
-                p
-                for p in self.peers.values()
-                if p.pending is not None and len(p.out) < MAX_PENDING_OUTPUT
-            ),
-            key=lambda p: p.load * LOAD_DECAY ** (turn - p.served),
-            default=None,
+        waiting = [
+            p
+            for p in self.peers.values()
+            if p.pending is not None and len(p.out) < MAX_PENDING_OUTPUT
+        ]
+        if not waiting:
+            return None
+        peer = (
+            waiting[0]
+            if len(waiting) == 1
+            else min(waiting, key=lambda p: p.load * LOAD_DECAY ** (turn - p.served))
         )
-        event = peer.pending if peer is not None else None
-        if peer is None or event is None:
-            return False
+        event = peer.pending
+        if event is None:
+            return None
         peer.pending = None
         self._turns += 1
         peer.load = peer.load * LOAD_DECAY ** (self._turns - peer.served) + 1
@@ -482,14 +497,13 @@ class Server:
         if isinstance(event, zmtp.Closed):
             self._flush(peer)  # an ERROR command, where there is one
             self._close(peer, event.reason)
-            return True
+            return peer
         reply = self._answer(peer, event)
         if reply is not None:
             peer.out += zmtp.encode_frames(reply)
         peer.pending = peer.wire.next_event()
-        if self._flush(peer):
-            self._interest(peer)
-        return True
+        self._flush(peer)
+        return peer
 
     def _answer(self, peer: Peer, event: zmtp.Event) -> list[bytes] | None:
         if isinstance(event, zmtp.Message):
