@@ -4,6 +4,7 @@ its real socket: the order it serves peers in, counted in turns, not time."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from nri_sst import messages as m
@@ -110,5 +111,45 @@ def test_the_backend_catches_up_once_a_reply_is_out_and_nothing_waits(
         server.run_once()  # nothing waits: the turn after the last reply
         assert backend.calls == ["catch_up"]
         assert not backend.has_deferred()  # the model is current
+    finally:
+        server.shutdown()
+
+
+def test_a_request_answered_in_the_turn_it_came_leaves_the_peers_interest_alone(
+    small_root: Path, tmp_path: Path
+) -> None:
+    """One peer asking, one request at a time (the plugin's way): each is read
+    and answered in one turn, and the peer waits to read again as before, so
+    the turn changes no epoll interest (two epoll_ctl calls a request were
+    there for nothing); a peer whose next request waits behind its reply
+    still stops being read until it is served (the backpressure)."""
+    server = Server(f"ipc://{tmp_path}/h.sock", RequestHandler(SimBackend(SMALL_SIM), small_root))
+    modified: list[str] = []
+
+    def counted(name: str) -> Callable[..., object]:
+        call = getattr(server.selector, name)
+
+        def counting(*args: object) -> object:
+            modified.append(name)
+            return call(*args)
+
+        return counting
+
+    for name in ("register", "modify", "unregister"):
+        setattr(server.selector, name, counted(name))
+    try:
+        client = Client(server.listener.path, request(m.Hello(protocol=1)))
+        while client.replies() < 1:
+            server.run_once()
+        modified.clear()
+        for n in range(2, 6):
+            client.sock.sendall(request(m.TFStatus()))
+            while client.replies() < n:
+                server.run_once()
+        assert modified == []
+        client.sock.sendall(request(m.TFStatus()) * 3)  # three at once: one a turn
+        while client.replies() < 8:
+            server.run_once()
+        assert modified  # the peer's reads stopped while a request of it waited
     finally:
         server.shutdown()
