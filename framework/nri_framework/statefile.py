@@ -115,6 +115,23 @@ class Fragments:
         return {key: known[1] for key, known in new.items()}
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """``data`` as the file ``path`` (its directory made), atomically: written
+    to ``path`` with the suffix ``.tmp``, renamed over it (a crash leaves the
+    old file or the new one, never a part). Raises ``OSError``; the temporary
+    file does not stay."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 class StateFile:
     """Snapshot and journal of one policy in ``state_dir`` (nothing is kept
     when it is ``None``)."""
@@ -306,17 +323,11 @@ class StateFile:
             containers=self._containers.encoded(containers),
             policy_state=export(),
         )
-        tmp = path.with_suffix(".tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(_encoder.encode(state))
-            os.replace(tmp, path)
+            replace_file(path, _encoder.encode(state))
         except OSError as exc:
             # every change tries again: the line is repeated rarely (nri_sst.retry)
             self._save_reporter.failed(f"failed to save state to {path}: {exc}")
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return
         self._save_reporter.cleared(f"state saved to {path} again")
         if self.journal is not None:

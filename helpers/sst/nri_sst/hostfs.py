@@ -94,6 +94,14 @@ def _read_or_none(path: str) -> str | None:
         return None
 
 
+def _write_value(fd: int, path: Path | str, value: str) -> None:
+    """``value`` and a newline to the open ``fd`` of ``path`` (SysfsError names them)."""
+    try:
+        os.write(fd, f"{value}\n".encode())
+    except OSError as exc:
+        raise SysfsError(f"cannot write {value!r} to {path}: {exc.strerror}") from None
+
+
 def discover_machine(root: Path) -> Machine:
     root = Path(root)
     cpu_dir = root / CPU_DIR
@@ -192,9 +200,7 @@ class SysfsWriter:
     def _write(self, path: Path | str, value: str) -> None:
         fd = self._open(path)
         try:
-            os.write(fd, f"{value}\n".encode())
-        except OSError as exc:
-            raise SysfsError(f"cannot write {value!r} to {path}: {exc.strerror}") from None
+            _write_value(fd, path, value)
         finally:
             os.close(fd)
 
@@ -221,12 +227,12 @@ class SysfsWriter:
         again and again). A kept descriptor that fails (its CPU went offline)
         is closed and the file opened again: that open's error is the one
         reported."""
-        data = f"{value}\n".encode()
         kept = self._kept
         fd = kept.get(key)
         if fd is not None:
             kept.move_to_end(key)
             try:
+                data = f"{value}\n".encode()
                 if os.pwrite(fd, data, 0) == len(data):
                     return
             except OSError:
@@ -236,10 +242,10 @@ class SysfsWriter:
                 os.close(fd)
         fd = self._open(path)
         try:
-            os.write(fd, data)
-        except OSError as exc:
+            _write_value(fd, path, value)
+        except SysfsError:
             os.close(fd)
-            raise SysfsError(f"cannot write {value!r} to {path}: {exc.strerror}") from None
+            raise
         kept[key] = fd
         while len(kept) > MAX_KEPT_FILES:
             os.close(kept.popitem(last=False)[1])

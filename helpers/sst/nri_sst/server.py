@@ -488,8 +488,7 @@ class Server:
             else min(waiting, key=lambda p: p.load * LOAD_DECAY ** (turn - p.served))
         )
         event = peer.pending
-        if event is None:
-            return None
+        assert event is not None  # waiting holds only peers with one
         peer.pending = None
         self._turns += 1
         peer.load = peer.load * LOAD_DECAY ** (self._turns - peer.served) + 1

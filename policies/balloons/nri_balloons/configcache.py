@@ -21,6 +21,10 @@ from pathlib import Path
 
 import msgspec
 from nri_framework.configfile import MAX_CONFIG_BYTES
+from nri_framework.statefile import replace_file
+
+from nri_balloons.config import BalloonsPolicy
+from nri_balloons.configdecode import decode_policy
 
 FORMAT = 1
 """The cache file's format (a different one is not read)."""
@@ -68,9 +72,9 @@ def cached_document(state_dir: Path | None, policy: str, text: str) -> object | 
 
 
 def keep(state_dir: Path | None, policy: str, text: str, document: object) -> bool:
-    """Keep ``text`` and the ``document`` it parsed to (written atomically: a
-    new file renamed over the old) when JSON holds the document as it is; the
-    old cache goes either way. False when nothing was kept."""
+    """Keep ``text`` and the ``document`` it parsed to (written atomically:
+    :func:`~nri_framework.statefile.replace_file`) when JSON holds the document
+    as it is; the old cache goes either way. False when nothing was kept."""
     if state_dir is None:
         return False
     path = cache_path(state_dir, policy)
@@ -79,18 +83,29 @@ def keep(state_dir: Path | None, policy: str, text: str, document: object) -> bo
         same = msgspec.json.decode(data, type=ParsedConfig).document == document
     except (TypeError, ValueError, OverflowError):  # msgspec's EncodeError is a ValueError
         same = False
-    tmp = path.with_name(path.name + ".tmp")
     try:
         if not same:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return False
-        state_dir.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        replace_file(path, data)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         return False
     return True
+
+
+def load_policy(state_dir: Path | None, policy: str, text: str, *, source: str) -> BalloonsPolicy:
+    """``text`` as a :class:`~nri_balloons.config.BalloonsPolicy`: decoded from
+    the document kept for it in ``state_dir`` when there is one, else parsed
+    (:func:`~nri_balloons.configyaml.parse_policy`, which loads PyYAML) and
+    its document kept for the next start. Raises
+    :class:`~nri_balloons.configdecode.ConfigError`."""
+    document = cached_document(state_dir, policy, text)
+    if document is not None:
+        return decode_policy(document, source=source)
+    from nri_balloons.configyaml import parse_policy  # PyYAML: only when parsed
+
+    document, node = parse_policy(text, source=source)
+    decoded = decode_policy(document, source=source, node=node)
+    keep(state_dir, policy, text, document)
+    return decoded

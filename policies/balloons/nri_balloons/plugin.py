@@ -47,7 +47,7 @@ from nri_balloons import (
 )
 from nri_balloons.busyfreq import BusyFrequency
 from nri_balloons.cmdline import BalloonsOptions, add_flags, helper_peer
-from nri_balloons.configdecode import ConfigError, decode_policy
+from nri_balloons.configdecode import ConfigError
 from nri_balloons.cpuclass import HelperWriter, NullWriter, Writer
 from nri_balloons.devices import pod_resource_entries
 from nri_balloons.endpoint import asked_endpoint
@@ -420,21 +420,13 @@ class Balloons:
         directory's :mod:`~nri_balloons.configcache`: the configuration file's
         document as last parsed): safe in the host's worker thread
         (:meth:`policy_prepare_config`). Parsing is bounded in depth, size
-        and time (:func:`~nri_balloons.configyaml.parse_policy`)."""
+        and time (:func:`~nri_balloons.configyaml.parse_policy`; without ``cache`` the
+        state directory is neither read nor written)."""
         assert self.policy is not None
         host = self.host if cache else None
         state_dir, name = (host.state_dir, host.policy_name) if host is not None else (None, "")
         try:
-            parsed = configcache.cached_document(state_dir, name, text)
-            if parsed is not None:
-                doc = decode_policy(parsed, source=source)
-            else:
-                from nri_balloons.configyaml import parse_policy  # PyYAML: when parsed
-
-                parsed, node = parse_policy(text, source=source)
-                doc = decode_policy(parsed, source=source, node=node)
-                if state_dir is not None:
-                    configcache.keep(state_dir, name, text, parsed)
+            doc = configcache.load_policy(state_dir, name, text, source=source)
         except ConfigError as exc:
             raise PolicyError("\n".join(first_few(exc.errors))) from None
         result = validate(

@@ -259,7 +259,7 @@ class SimBackend(Backend):
         last whole save, or it failed: the next change saves whole)."""
         self._journal_size = 0
         self._irqs_json: tuple[object, bytes] | None = None
-        """``state["irqs"]`` and its encoding (see :meth:`_hardware`)."""
+        """``state["irqs"]`` and its encoding (see :meth:`_hardware_parts`)."""
         self._at: list[float] | None = None
         """Per CPU, when its counters were advanced to (None: every CPU at
         ``state["clock"]``); an association change advances its punit's only."""
@@ -335,13 +335,10 @@ class SimBackend(Backend):
             "log": [],
         }
 
-    def _hardware(self) -> bytes:
-        """What the hardware holds (the state without :data:`VOLATILE`), encoded:
-        the same bytes as the dict's encoding."""
-        return _join(self._hardware_parts())
-
     def _hardware_parts(self) -> dict[str, bytes]:
-        """Each key of the state but :data:`VOLATILE` and its value encoded;
+        """What the hardware holds: each key of the state but :data:`VOLATILE`
+        and its value encoded (joined by :func:`_join`, the same bytes as the
+        dict's encoding);
         the IRQ affinities (most of it: every online CPU of each IRQ) encoded
         again only when one changed (:meth:`irqs_changed`), not at every
         association write."""
@@ -359,7 +356,7 @@ class SimBackend(Backend):
         return parts
 
     def irqs_changed(self) -> None:
-        """An IRQ affinity of the state changed: :meth:`_hardware` encodes them again."""
+        """An IRQ affinity of the state changed: :meth:`_hardware_parts` encodes them again."""
         self._irqs_json = None
 
     def _volatile(self) -> bytes:
