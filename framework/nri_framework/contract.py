@@ -108,12 +108,18 @@ class Host(Protocol):
         by the runtime's request timeout."""
         ...
 
-    def before_reply(self, call: Callable[[], None]) -> None:
-        """In ``nri_create_container`` or ``nri_stop_container``: ``call`` runs
-        once the hook's answer is journaled, before it is returned to the
-        runtime (also when the hook raised), overlapping the host's work with
-        what the answer waits for; elsewhere it runs now. Its exception is
-        logged; the answer stands."""
+    def after_reply(self, call: Callable[[], None]) -> None:
+        """In a hook that answers a request: ``call`` runs once the answer is
+        journaled and written to the runtime (also when the hook raised),
+        before the next request is read, so that the runtime does not wait
+        for it; elsewhere it runs now. Its exception is logged; the answer
+        stands."""
+        ...
+
+    def observe(self, plugin: object) -> None:
+        """In ``policy_start``: register ``plugin``'s notification hooks (the
+        runtime's events it implements are subscribed to; decision hooks
+        stay the policy's)."""
         ...
 
     def changed(self) -> None:

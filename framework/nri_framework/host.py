@@ -108,9 +108,9 @@ class PolicyHost:
         self._sent_pods: set[str] | None = set()
         """pods the runtime sent since :meth:`take_sent_pods` (None: too many to tell)"""
         self._listeners: list[Callable[[], None]] = []
-        self._before_reply: list[Callable[[], None]] | None = None
-        """While a create or stop is answered: what runs once its answer is
-        journaled, before it is returned (:meth:`before_reply`)."""
+        self._after_reply: list[Callable[[], None]] | None = None
+        """While a request is answered: what runs once its answer is out
+        (:meth:`after_reply`)."""
         self._config_listeners: list[Callable[[], None]] = []
         self.statefile = StateFile(self.state_dir, policy_name)
         self.journal = self.statefile.journal
@@ -304,7 +304,7 @@ class PolicyHost:
     def create_container(self, pod: Pod, container: Container) -> CreateResult:
         self._put_pod(pod)
         self.cache.put_container(container)
-        with self._answering():
+        with self.replying():
             result: CreateResult | None = self.hook.nri_create_container(
                 pod=pod, container=container
             )
@@ -332,35 +332,45 @@ class PolicyHost:
 
     def stop_container(self, pod: Pod, container: Container) -> list[Update]:
         self.cache.set_state(container.id, ContainerState.STOPPED)
-        with self._answering():
+        with self.replying():
             updates = self.hook.nri_stop_container(pod=pod, container=container) or []
             for u in updates:
                 self.cache.record(u.container_id, u.resources)
             self.changed()
             return updates
 
-    def before_reply(self, call: Callable[[], None]) -> None:
-        """``call`` runs once the answer of the create or stop now decided
-        is journaled, before the host returns it (whether the hook returned
-        or raised), so that what the answer waits for (a helper's reply)
-        overlaps the host's own work; outside such an answer, now. A call
-        that raises is logged: the answer is returned all the same."""
-        if self._before_reply is None:
+    def observe(self, plugin: object) -> None:
+        """Register ``plugin``'s notification hooks (an observer's): before
+        Configure, its ``nri_*`` hooks count in the subscription."""
+        self.pm.register(plugin)
+
+    def after_reply(self, call: Callable[[], None]) -> None:
+        """``call`` runs once the answer of the request now answered is out
+        (journaled before, whether the hook returned or raised), before the
+        next request is read, so that the runtime does not wait for it;
+        outside an answer, now. A call that raises is logged: the answer
+        stands."""
+        if self._after_reply is None:
             self._run(call)
         else:
-            self._before_reply.append(call)
+            self._after_reply.append(call)
 
     @contextlib.contextmanager
-    def _answering(self) -> Iterator[None]:
-        """While a create or stop is answered: what :meth:`before_reply` is
-        given waits, and runs when the answer leaves the block (returned or
-        raised)."""
+    def replying(self) -> Iterator[list[Callable[[], None]]]:
+        """The answer of one request: what :meth:`after_reply` is given in the
+        block (the list yielded) runs when it is left (returned or raised).
+        The stub writes the answer inside its block; a block inside another
+        leaves its calls to the outer one (the host's own, around a create or
+        stop, runs them when no stub is around)."""
+        if self._after_reply is not None:
+            yield self._after_reply
+            return
         calls: list[Callable[[], None]] = []
-        self._before_reply = calls
+        self._after_reply = calls
         try:
-            yield
+            yield calls
         finally:
-            self._before_reply = None
+            self._after_reply = None
             for call in calls:
                 self._run(call)
 
@@ -369,7 +379,7 @@ class PolicyHost:
         try:
             call()
         except Exception:
-            log.exception("a call before the reply failed")
+            log.exception("a call after the reply failed")
 
     def update_pod_sandbox(self, pod: Pod, resources: Resources) -> None:
         self._put_pod(pod)

@@ -316,11 +316,14 @@ class Session:
             )
             return
         latency = self.latency  # its timing() inlined: this is every request's path
-        started = latency.clock()
-        try:
-            self._answer(ev, entry)
-        finally:  # a method of ours: a bounded label set
-            latency.observe(ev.method, latency.clock() - started)
+        with self.host.replying() as later:
+            started = latency.clock()
+            try:
+                self._answer(ev, entry)
+            finally:  # a method of ours: a bounded label set
+                latency.observe(ev.method, latency.clock() - started)
+            if later:  # the answer leaves before what was left for after it
+                self.flush()
 
     def _answer(self, ev: RequestReceived, handler: Handler) -> None:
         try:

@@ -274,6 +274,18 @@ def _figures(
                 note=f"slowest {_ms_list(hp_pct.slowest_ms)}, no PCT {_ms_list(hp.slowest_ms)}",
             )
         )
+        start_pct, start = pct.at(n).requests["start_hp"], o.requests["start_hp"]
+        rows.append(
+            Figure(
+                f"floor.pct_hp_start_p99_{n}",
+                f"HP StartContainer p99 with PCT (after the create's commit), {n} running",
+                start_pct.p99_ms,
+                "ms",
+                base=start.p99_ms,
+                base_name="no PCT",
+                note=f"p50 {start_pct.p50_ms:.2g} ms, no PCT {start.p50_ms:.2g} ms",
+            )
+        )
         rows.append(
             Figure(
                 f"floor.pct_lp_create_p50_{n}",

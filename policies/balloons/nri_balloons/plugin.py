@@ -60,7 +60,6 @@ from nri_balloons.sstlink import (
     REPLY_BUDGET,
     Backoff,
     Budget,
-    Exchange,
     Steps,
     T,
     Wait,
@@ -71,8 +70,6 @@ from nri_balloons.sstlink import (
 from nri_balloons.validation import PreparedConfig, validate
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nri_framework.agent.podresources import PodResourcesClient
 
     from nri_balloons.balloon import Balloon
@@ -179,23 +176,16 @@ class Balloons:
 
     def commit(self, wait: Wait) -> None:
         """Apply the CPU class decisions of the hook that just ran (one commit
-        per hook, within the hook's ``wait``). What the helper did not take
-        goes to the background."""
-        self.begin_commit(wait)()
-
-    def begin_commit(self, wait: Wait) -> Callable[[], None]:
-        """:meth:`commit` in two halves: the request sent now, and the call
-        returned to wait for its reply and end the commit (within the same
-        ``wait``), made before the hook returns, whatever happens between."""
+        per hook, within the hook's ``wait``: one helper request). What the
+        helper did not take goes to the background."""
         if self.sst_missed and self.rediscovery is None and _running_loop() is not None:
             self.rediscovery = asyncio.get_running_loop().create_task(self._rediscover())
         if self.policy is None or self.background is not None:
-            return _nothing
+            return
         writer = self.policy_writer()
         if isinstance(writer, NullWriter) and writer.silent():
-            return _nothing  # no helper, no debug lines: the CPUs stay dirty for them
-        sent = Exchange(self.commit_steps(wait.timeout), writer, wait.budget)
-        return lambda: self._end_commit(all(sent.finish()))
+            return  # no helper, no debug lines: the CPUs stay dirty for them
+        self._end_commit(all(exchange(self.commit_steps(wait.timeout), writer, wait.budget)))
 
     def _end_commit(self, ok: bool) -> None:
         assert self.policy is not None
@@ -635,6 +625,7 @@ class Balloons:
         if endpoint:
             log.info("cpuClasses are applied through the SST helper at %s", endpoint)
             writer = self.helper_writer(endpoint)
+            host.observe(StartAfterCommit())
         else:
             writer = NullWriter()
         topology = Topology.from_sysfs(host.host_root)
@@ -721,27 +712,24 @@ class Balloons:
     @hookimpl
     def nri_create_container(self, pod: Pod, container: Container) -> CreateResult | None:
         assert self.policy is not None
-        wait = self._reply_path()
-        end_commit = _nothing
-        try:  # the helper works on the decision's request while the reply is built
+        try:
             try:
                 bln = self.policy.allocate(pod, container)
             except BalloonsError as exc:
                 raise PolicyError(str(exc)) from None
-            finally:
-                end_commit = self.begin_commit(wait)
             return self._create_result(pod, container, bln)
         finally:
-            self._before_reply(end_commit)
+            self._commit_after_reply()
 
-    def _before_reply(self, end_commit: Callable[[], None]) -> None:
-        """``end_commit`` (of :meth:`begin_commit`) once the host journaled the
-        answer, before the runtime gets it (:meth:`Host.before_reply`): the
-        helper works on the request meanwhile."""
+    def _commit_after_reply(self) -> None:
+        """:meth:`commit` the decision once its answer is out
+        (:meth:`Host.after_reply`): the runtime creates the container while
+        the helper works, and the container's StartContainer, when a helper
+        is configured (:class:`StartAfterCommit`), is answered after it."""
         if self.host is None:
-            end_commit()
+            self.commit(self._reply_path())
         else:
-            self.host.before_reply(end_commit)
+            self.host.after_reply(lambda: self.commit(self._reply_path()))
 
     def _create_result(
         self, pod: Pod, container: Container, bln: Balloon | None
@@ -793,12 +781,11 @@ class Balloons:
     def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
         assert self.policy is not None
         self.policy.release(container.id)
-        end_commit = self.begin_commit(self._reply_path())
         try:
             self.pins.pop(container.id, None)
             return self._updates()
         finally:
-            self._before_reply(end_commit)
+            self._commit_after_reply()
 
     @hookimpl
     def nri_remove_container(self, pod: Pod, container: Container) -> None:
@@ -871,8 +858,17 @@ class Balloons:
         return observe.inspect(self.policy, self.frequencies)
 
 
-def _nothing() -> None:
-    pass
+class StartAfterCommit:
+    """Subscribes to StartContainer while an SST helper is configured: the
+    commit of a create runs after its answer (``after_reply``), before the
+    stub reads the next request, so the runtime's StartContainer (sent
+    before the container's process runs) is answered only once the helper
+    programmed the container's CPUs, or the commit went to the background.
+    Without a helper nothing is committed: no subscription, no extra call."""
+
+    @hookimpl
+    def nri_start_container(self, pod: Pod, container: Container) -> None:
+        return None  # answered in its turn: the commit before it has ended
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -8,6 +8,7 @@ Where the neighbouring test modules are: see :mod:`pct_helpers`.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -35,6 +36,7 @@ from pct_helpers import (
     make,
     pod,
     shared_root,  # noqa: F401 (the module's autouse host tree)
+    start,
 )
 
 
@@ -444,3 +446,48 @@ def test_a_short_apply_reply_is_not_believed() -> None:
     assert all(pct.clos_of(c) is None for c in cpuset.ids(bln.cpus))
     written = policy.cpu_classes.written[cpuset.ids(bln.cpus)[0]]
     assert written.cstates != ("C6", "C6P")  # its C-states are not taken as written
+
+
+def test_a_create_and_a_stop_commit_after_their_answer_and_the_start_waits(
+    tmp_path: Path,
+) -> None:
+    """With a helper, a create's CPU class decisions go to the helper once its
+    answer is out (the stub's ``replying`` block, left after it wrote the
+    answer): inside it the answer carries the pinning and the helper was
+    sent nothing; leaving it sends the one Apply, which programs the HP
+    CLOS. A stop likewise. So that the container's process starts on
+    programmed CPUs, the helper makes the plugin subscribe to
+    StartContainer (answered after that commit: test_stub); without a
+    helper there is nothing to wait for and no subscription."""
+    from nri_balloons.plugin import Balloons
+    from nri_framework.host import PolicyHost
+    from nri_framework.model import Event, RuntimeInfo
+
+    runtime = RuntimeInfo(name="containerd", version="2.1.4")
+    helper = InProcessHelper()
+    plugin = start(helper, SPEC.read_text(), tmp_path)
+    host = plugin.host
+    assert isinstance(host, PolicyHost)
+    try:
+        assert host.configure("", runtime) & Event.START_CONTAINER.bit
+        host.synchronize([], [])
+        helper.sent.clear()
+        p, c = pod("pct-hp-1", 2, "hp-bln")
+        with host.replying():
+            result = host.create_container(p, c)
+            assert result.adjustment is not None and result.adjustment.resources.cpu
+            cpus = cpuset.parse(result.adjustment.resources.cpu.cpus)
+            assert helper.sent == []  # the answer does not wait for the helper
+        assert [type(r) for r in helper.sent] == [m.Apply]
+        assert set(helper.clos(cpus).values()) == {0}
+        helper.sent.clear()
+        with host.replying():
+            host.stop_container(p, c)
+            assert helper.sent == []
+        assert [type(r) for r in helper.sent] == [m.Apply]
+        assert set(helper.clos(cpus).values()) != {0}  # back to the idle class
+    finally:
+        plugin.policy_shutdown()
+    options = {"config_file": str(tmp_path / "balloons.yaml")}  # what start() wrote
+    bare = PolicyHost("balloons", Balloons(), host_root=str(host_root()), options=options)
+    assert not bare.configure("", runtime) & Event.START_CONTAINER.bit

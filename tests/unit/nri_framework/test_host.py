@@ -359,7 +359,7 @@ def test_a_changed_or_removed_pod_is_still_sent(tmp_path: Path) -> None:
 
 
 class Deferring:
-    """A policy whose create and stop leave a call for before the reply."""
+    """A policy whose create and stop leave a call for after the reply."""
 
     def __init__(self, order: list[str], fail: bool = False, broken: bool = False) -> None:
         self.order, self.fail, self.broken = order, fail, broken
@@ -369,14 +369,14 @@ class Deferring:
     def policy_start(self, host: Any) -> None:
         self.host = host
 
-    def _before_reply(self) -> None:
-        self.order.append("before reply")
+    def _after_reply(self) -> None:
+        self.order.append("after reply")
         if self.broken:
             raise RuntimeError("a bug in the call")
 
     @hookimpl
     def nri_create_container(self, pod: Pod, container: Container) -> CreateResult:
-        self.host.before_reply(self._before_reply)
+        self.host.after_reply(self._after_reply)
         self.order.append("decided")
         if self.fail:
             raise PolicyError("no room")
@@ -384,7 +384,7 @@ class Deferring:
 
     @hookimpl
     def nri_stop_container(self, pod: Pod, container: Container) -> list[Update]:
-        self.host.before_reply(self._before_reply)
+        self.host.after_reply(self._after_reply)
         self.order.append("decided")
         return []
 
@@ -404,28 +404,28 @@ def _deferring_host(tmp_path: Path, policy: Deferring) -> PolicyHost:
     return host
 
 
-def test_a_call_before_the_reply_runs_once_the_answer_is_journaled(tmp_path: Path) -> None:
-    """What a create or stop leaves for before its reply (the helper's reply
-    awaited) runs after the decision is journaled and before the host
-    returns the answer, so that the host's own work overlaps it; outside an
-    answer it runs at once."""
+def test_a_call_after_the_reply_runs_once_the_answer_is_journaled(tmp_path: Path) -> None:
+    """What a create or stop leaves for after its reply (a helper request)
+    runs after the decision is journaled; without a stub around it (whose
+    block runs it once the answer is written: test_stub) the host runs it
+    before returning the answer; outside an answer it runs at once."""
     order: list[str] = []
     host = _deferring_host(tmp_path, Deferring(order))
     pod = Pod(id="p", name="pod")
     result = host.create_container(pod, shared("a"))
     order.append("returned")
     assert result.adjustment is not None
-    assert order == ["decided", "journaled", "before reply", "returned"]
+    assert order == ["decided", "journaled", "after reply", "returned"]
     order.clear()
     host.stop_container(pod, shared("a"))
     order.append("returned")
-    assert order == ["decided", "journaled", "before reply", "returned"]
+    assert order == ["decided", "journaled", "after reply", "returned"]
     order.clear()
-    host.before_reply(lambda: order.append("now"))
+    host.after_reply(lambda: order.append("now"))
     assert order == ["now"]
 
 
-def test_a_call_before_the_reply_runs_when_the_hook_fails_and_its_failure_is_logged(
+def test_a_call_after_the_reply_runs_when_the_hook_fails_and_its_failure_is_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A hook that raises still has its call run (a helper request it sent
@@ -435,11 +435,11 @@ def test_a_call_before_the_reply_runs_when_the_hook_fails_and_its_failure_is_log
     host = _deferring_host(tmp_path, Deferring(order, fail=True))
     with pytest.raises(PolicyError, match="no room"):
         host.create_container(Pod(id="p", name="pod"), shared("a"))
-    assert order == ["decided", "before reply"]
+    assert order == ["decided", "after reply"]
     order.clear()
     host = _deferring_host(tmp_path / "2", Deferring(order, broken=True))
     with caplog.at_level(logging.ERROR, logger="nri_framework.host"):
         result = host.create_container(Pod(id="p", name="pod"), shared("a"))
-    assert result.adjustment is not None and order == ["decided", "journaled", "before reply"]
-    assert "a call before the reply failed" in caplog.text
+    assert result.adjustment is not None and order == ["decided", "journaled", "after reply"]
+    assert "a call after the reply failed" in caplog.text
     assert "a bug in the call" in caplog.text

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +42,23 @@ DEDICATED = (
 
 
 class Recorder:
-    """Wants CreateContainer and StartContainer, nothing else."""
+    """Wants CreateContainer and StartContainer, nothing else; a create
+    leaves ``later`` (when set) for after its reply."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.host: Any = None
+        self.later: Callable[[], None] | None = None
+
+    @hookimpl
+    def policy_start(self, host: Any) -> None:
+        self.host = host
 
     @hookimpl
     def nri_create_container(self, pod: Pod, container: Container) -> CreateResult:
         self.calls.append(("create", container.id))
+        if self.later is not None:
+            self.host.after_reply(self.later)
         return CreateResult()
 
     @hookimpl
@@ -257,6 +267,45 @@ async def test_resent_pods_converted_once_forgotten_at_removal(trunk: Trunk) -> 
     removed.pod.id = "p"
     assert (await trunk.call("StateChange", removed.SerializeToString())).code == 0
     assert len(trunk.session.pods) == 0 and "p" not in trunk.session.host.cache.pods
+
+
+async def test_a_call_after_the_reply_runs_once_it_is_written_before_the_next_request(
+    trunk: Trunk,
+) -> None:
+    """What a create leaves for after its reply (balloons: the helper's
+    commit) runs once the answer is on the runtime's socket, and before the
+    request that came behind it (the container's StartContainer) is
+    dispatched: the runtime does not wait for it, and the start does."""
+    await synchronize(trunk)
+    runtime_end = socket.socket(fileno=os.dup(trunk.writer.get_extra_info("socket").fileno()))
+
+    def later() -> None:
+        try:  # the runtime's socket holds the create's answer already
+            waiting = runtime_end.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            waiting = b""
+        trunk.policy.calls.append(("after reply", "answer written" if waiting else "not yet"))
+
+    trunk.policy.later = later
+    with runtime_end:
+        create = trunk.conn.send_request("CreateContainer", create_request("c1"))
+        start = trunk.conn.send_request(
+            "StartContainer", container_request(pb.StartContainerRequest, "c1")
+        )
+        trunk.writer.write(trunk.conn.data_to_send())  # both in one write
+        codes: dict[int, int] = {}
+        while len(codes) < 2:
+            data = await asyncio.wait_for(trunk.reader.read(65536), 5)
+            assert data, "the plugin closed the trunk"
+            for ev in trunk.conn.receive_data(data):
+                if isinstance(ev, ResponseReceived):
+                    codes[ev.stream_id] = ev.code
+    assert codes == {create: 0, start: 0}
+    assert trunk.policy.calls == [
+        ("create", "c1"),
+        ("after reply", "answer written"),
+        ("start", "c1"),
+    ]
 
 
 # --- TrunkReader: what arrives goes to the session in the read callback ------

@@ -265,7 +265,8 @@ func (r *runtime) cycle(ctx context.Context, pod *nri.PodSandbox, res *nri.Linux
 		return err
 	}
 	ctr.State = nri.ContainerState_CONTAINER_RUNNING
-	if err := event(r.nri.StartContainer); err != nil {
+	// timed: with an SST helper the plugin answers it once the create's commit ended
+	if err := timed("start_"+class, func() error { return event(r.nri.StartContainer) }); err != nil {
 		return err
 	}
 	if err := event(r.nri.PostStartContainer); err != nil {
