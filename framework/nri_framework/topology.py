@@ -78,6 +78,38 @@ def expand_groups(table: Sequence[int], mask: int) -> int:
     return out
 
 
+#: most distances between two threads of a core :func:`sibling_shifts` keeps
+#: (an SMT node numbered regularly has one per thread pair: 2 for SMT2)
+MAX_SIBLING_SHIFTS = 8
+
+
+def sibling_shifts(core_masks: Sequence[int]) -> tuple[tuple[int, int], ...] | None:
+    """``siblings`` by shifts: ``(distance, sources)`` for each distance
+    between two threads of one core, ``sources`` the CPUs with a sibling
+    that far; ``None`` past :data:`MAX_SIBLING_SHIFTS` distances (then the
+    CPU-by-CPU walk of :func:`expand_groups`)."""
+    by_distance: dict[int, int] = {}
+    for core in core_masks:
+        ids = cpuset.ids(core)
+        for a in ids if len(ids) > 1 else ():
+            for b in ids:
+                if b != a:
+                    by_distance[b - a] = by_distance.get(b - a, 0) | 1 << a
+        if len(by_distance) > MAX_SIBLING_SHIFTS:
+            return None
+    return tuple(sorted(by_distance.items()))
+
+
+def shift_siblings(shifts: tuple[tuple[int, int], ...], mask: int) -> int:
+    """``mask`` and every thread of a core it touches, by :func:`sibling_shifts`:
+    a few big-int operations, whatever the number of CPUs."""
+    out = mask
+    for distance, sources in shifts:
+        if from_ := mask & sources:
+            out |= from_ << distance if distance > 0 else from_ >> -distance
+    return out
+
+
 class TopologyError(ValueError):
     """A topology that cannot be described: a missing or malformed sysfs file
     (``path`` names it) or an invalid topology specification."""
@@ -261,6 +293,7 @@ class Topology:
             tables["core"][i] = self.core_masks[c.core]
             tables["thread"][i] = 1 << i
         self._group_of = tables
+        self._sibling_shifts = sibling_shifts(tuple(self.core_masks.values()))
         self._level_masks: dict[Level, tuple[int, ...]] = {
             "system": (self.online,) if self.online else (),
             "package": tuple(self.package_masks.values()),
@@ -311,8 +344,12 @@ class Topology:
         return expand_groups(self._group_of[level], mask)
 
     def siblings(self, mask: int) -> int:
-        """All threads of the cores that ``mask`` touches."""
-        return self.expand(mask, "core")
+        """All threads of the cores that ``mask`` touches (CPUs that are not
+        online kept as they are)."""
+        shifts = self._sibling_shifts
+        if shifts is None:
+            return expand_groups(self._group_of["core"], mask)
+        return shift_siblings(shifts, mask)
 
     def single_thread(self, mask: int) -> int:
         """The lowest-id CPU of ``mask`` in each core it touches (hideHyperthreads)."""

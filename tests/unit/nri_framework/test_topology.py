@@ -16,7 +16,18 @@ from hypothesis import strategies as st
 from nri_framework import cpuset
 from nri_framework.simulate.sysfs import write_cpu_tree, write_topology
 from nri_framework.simulate.topologies import N4C16, S8C4K, XEON_6776P, TopologySpec
-from nri_framework.topology import LEVELS, CoreType, Topology, TreeNode
+from nri_framework.topology import (
+    LEVELS,
+    MAX_SIBLING_SHIFTS,
+    CoreType,
+    CpuFreq,
+    CpuInfo,
+    NumaNode,
+    Topology,
+    TreeNode,
+    shift_siblings,
+    sibling_shifts,
+)
 
 P = cpuset.parse
 F = cpuset.format
@@ -405,6 +416,63 @@ def test_generated_trees_round_trip(spec: TopologySpec) -> None:
     assert len(t.level_masks("numa")) == len({s.node for s in sims.values()})
     assert len(t.nodes) == spec.packages * spec.dies_per_package * spec.nodes_per_die
     check_invariants(t)
+
+
+def touched_cores(cores: list[int], mask: int) -> int:
+    """The reference: ``mask`` and every core it touches."""
+    out = mask
+    for core in cores:
+        if core & mask:
+            out |= core
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs(), st.data())
+def test_siblings_are_the_cores_a_mask_touches(spec: TopologySpec, data: st.DataObject) -> None:
+    """By shifts (the generated numberings are regular) or CPU by CPU, with
+    CPUs that are not online (or beyond every core) kept as they are."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Topology.from_sysfs(write_topology(Path(tmp), spec))
+    cores = list(t.core_masks.values())
+    assert sibling_shifts(cores) is not None
+    mask = cpuset.from_ids(data.draw(st.sets(st.integers(0, spec.ncpus + 8))))
+    assert t.siblings(mask) == touched_cores(cores, mask)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 11), min_size=1, max_size=48), st.data())
+def test_sibling_shifts_of_any_core_layout(owner: list[int], data: st.DataObject) -> None:
+    """CPU i in core owner[i]: any layout the shifts take gives each mask
+    exactly its cores; past MAX_SIBLING_SHIFTS distances there are none."""
+    cores = [
+        m for k in set(owner) if (m := cpuset.from_ids(i for i, o in enumerate(owner) if o == k))
+    ]
+    shifts = sibling_shifts(cores)
+    distances = {
+        b - a for core in cores for a in cpuset.ids(core) for b in cpuset.ids(core) if a != b
+    }
+    assert (shifts is None) == (len(distances) > MAX_SIBLING_SHIFTS)
+    if shifts is not None:
+        mask = cpuset.from_ids(data.draw(st.sets(st.integers(0, len(owner) + 4))))
+        assert shift_siblings(shifts, mask) == touched_cores(cores, mask)
+
+
+def test_siblings_of_an_irregular_layout_walk_the_cpus() -> None:
+    """A layout with more thread distances than shifts are kept for (CPU i
+    in core i % 5, 8 threads each, and a core of two): the CPU-by-CPU walk,
+    the same answer."""
+    owner = [i % 5 for i in range(40)] + [7, 7]
+    cpus = {
+        i: CpuInfo(id=i, package=0, die=0, node=0, core_id=o, core=owner.index(o), thread=0,
+                   l2=0, l3=0, core_type=CoreType.PERFORMANCE, isolated=False, freq=CpuFreq())
+        for i, o in enumerate(owner)
+    }  # fmt: skip
+    t = Topology(cpus, {0: NumaNode(id=0, cpus=(1 << 42) - 1, distances={0: 10}, mem_total_kb=1)})
+    cores = list(t.core_masks.values())
+    assert len(cores) == 6 and sibling_shifts(cores) is None
+    for mask in (0, 1, 1 << 41, 0b1011 << 20, 1 << 50 | 1 << 3, (1 << 45) - 1):
+        assert t.siblings(mask) == touched_cores(cores, mask)
 
 
 @settings(max_examples=30, deadline=None)
