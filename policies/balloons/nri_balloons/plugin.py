@@ -680,12 +680,22 @@ class Balloons:
         return updates
 
     def _all_updates(self) -> list[Update]:
-        """Updates for every container the policy pins (after Synchronize)."""
+        """After Synchronize: updates for every container the policy pins
+        where the runtime does not report that pinning already (a restarted
+        plugin that restored its decisions re-pins nothing; upstream sends
+        the containers whose resources changed)."""
         assert self.policy is not None
         assert self.host is not None
         self.host.take_sent_pods()
         self.pins = self.policy.pinning(self.host.pods.get)
-        return [Update(container_id=cid, resources=cpu_pin(*pin)) for cid, pin in self.pins.items()]
+        reported = self.host.containers
+        updates = []
+        for cid, pin in self.pins.items():
+            c = reported.get(cid)
+            if c is not None and _has_pin(c, *pin):
+                continue
+            updates.append(Update(container_id=cid, resources=cpu_pin(*pin)))
+        return updates
 
     @hookimpl
     def nri_synchronize(
@@ -869,6 +879,13 @@ class StartAfterCommit:
     @hookimpl
     def nri_start_container(self, pod: Pod, container: Container) -> None:
         return None  # answered in its turn: the commit before it has ended
+
+
+def _has_pin(container: Container, cpus: str, mems: str) -> bool:
+    """The runtime reports ``container`` on ``cpus`` (and ``mems``, when the
+    pin sets them) already."""
+    cpu = container.resources.cpu if container.resources else None
+    return cpu is not None and cpu.cpus == cpus and (not mems or cpu.mems == mems)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -206,3 +206,57 @@ def test_sent_pods_are_bounded_when_nobody_asks(tmp_path: Path) -> None:
     assert host._sent_pods is None
     assert host.take_sent_pods() is None
     assert host.take_sent_pods() == set()
+
+
+def test_a_restarted_plugin_repins_only_what_the_runtime_reports_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """Synchronize after a restart (its state directory kept): a container
+    the runtime reports on its pin (cpus and mems, as the runtime applied
+    them) gets no update; one reported on other CPUs, or other memory nodes,
+    gets its pin back. Only what changed is sent (a restart with 1000
+    containers re-pins none of them)."""
+    write_topology(tmp_path, N6_HBM_CXL)
+    config = tmp_path / "balloons.yaml"
+    config.write_text(CONFIG % {"hide": "false"})
+    options = {"config_file": str(config)}
+    state = tmp_path / "state"
+    first = PolicyHost("balloons", Balloons(), options=options, host_root=str(tmp_path),
+                       state_dir=state)  # fmt: skip
+    first.synchronize([], [])
+    rnd = random.Random(7)
+    pods, created = [], []
+    pins: dict[str, tuple[str, str]] = {}  # what the runtime applied, as it would
+    for n, ns in enumerate(("hbm", "grow", "shared", "default")):  # memory pinned
+        pod = replace(new_pod(rnd, n), namespace=ns, annotations={})
+        c = new_container(rnd, pod, n)
+        result = first.create_container(pod, c)
+        assert result.adjustment is not None
+        for cid, res in [(c.id, result.adjustment.resources)] + [
+            (u.container_id, u.resources) for u in result.updates
+        ]:
+            assert res.cpu is not None and res.cpu.cpus and res.cpu.mems
+            pins[cid] = (res.cpu.cpus, res.cpu.mems)
+        pods.append(pod)
+        created.append(c)
+    first.shutdown()
+
+    def reported(c: Container, cpus: str, mems: str) -> Container:
+        assert c.resources is not None and c.resources.cpu is not None
+        cpu = replace(c.resources.cpu, cpus=cpus, mems=mems)
+        return replace(c, state=ContainerState.RUNNING, resources=replace(c.resources, cpu=cpu))
+
+    running = [reported(c, *pins[c.id]) for c in created]
+    running[1] = reported(created[1], "0-5", pins[created[1].id][1])  # other CPUs
+    running[3] = reported(created[3], pins[created[3].id][0], "0-5")  # other memory nodes
+    second = PolicyHost("balloons", Balloons(), options=options, host_root=str(tmp_path),
+                        state_dir=state)  # fmt: skip
+    updates = second.synchronize(pods, running)
+    got = {
+        u.container_id: (u.resources.cpu.cpus, u.resources.cpu.mems)
+        for u in updates
+        if u.resources.cpu
+    }
+    assert len(got) == len(updates)
+    assert got == {c.id: pins[c.id] for c in (created[1], created[3])}
+    assert second.containers[created[1].id].cpus == pins[created[1].id][0]

@@ -84,6 +84,7 @@ type runtime struct {
 	mu       sync.Mutex
 	pods     []*nri.PodSandbox
 	ctrs     []*nri.Container
+	byID     map[string]*nri.Container // ctrs by id (apply)
 	nri      *nri.Adaptation
 	synced   chan float64 // the Synchronize round trip of each (re)registration
 	syncErrs chan error
@@ -131,18 +132,52 @@ func (r *runtime) syncFn(ctx context.Context, cb nri.SyncCB) error {
 	pods, ctrs := r.pods, r.ctrs
 	r.mu.Unlock()
 	t0 := time.Now()
-	_, err := cb(ctx, pods, ctrs)
+	updates, err := cb(ctx, pods, ctrs)
 	if err != nil {
 		r.syncErrs <- err
 		return err
 	}
-	r.synced <- msSince(t0)
+	ms := msSince(t0)
+	r.apply(updates)
+	r.synced <- ms
 	return nil
 }
 
 // updateFn accepts every unsolicited update (the peer keeps no cgroups).
-func (r *runtime) updateFn(context.Context, []*nri.ContainerUpdate) ([]*nri.ContainerUpdate, error) {
+func (r *runtime) updateFn(_ context.Context, updates []*nri.ContainerUpdate) ([]*nri.ContainerUpdate, error) {
+	r.apply(updates)
 	return nil, nil
+}
+
+// apply keeps the cpuset of each update on the running container it names,
+// as a runtime keeps the resources it applied: a restarted plugin's
+// Synchronize sees the containers where the plugin put them.
+func (r *runtime) apply(updates []*nri.ContainerUpdate) {
+	if len(updates) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byID == nil {
+		r.byID = map[string]*nri.Container{}
+		for _, c := range r.ctrs {
+			r.byID[c.Id] = c
+		}
+	}
+	for _, u := range updates {
+		c := r.byID[u.GetContainerId()]
+		cpu := u.GetLinux().GetResources().GetCpu()
+		if c == nil || cpu == nil {
+			continue
+		}
+		have := c.Linux.Resources.Cpu
+		if cpu.Cpus != "" {
+			have.Cpus = cpu.Cpus
+		}
+		if cpu.Mems != "" {
+			have.Mems = cpu.Mems
+		}
+	}
 }
 
 func msSince(t0 time.Time) float64 { return float64(time.Since(t0).Nanoseconds()) / 1e6 }
@@ -261,6 +296,7 @@ func (r *runtime) cycle(ctx context.Context, pod *nri.PodSandbox, res *nri.Linux
 	if !pinned(created) {
 		r.unadjusted++
 	}
+	r.apply(created.GetUpdate())
 	if err := event(r.nri.PostCreateContainer); err != nil {
 		return err
 	}
@@ -273,9 +309,10 @@ func (r *runtime) cycle(ctx context.Context, pod *nri.PodSandbox, res *nri.Linux
 		return err
 	}
 	err = timed("update", func() error {
-		_, err := r.nri.UpdateContainer(ctx, &nri.UpdateContainerRequest{
+		updated, err := r.nri.UpdateContainer(ctx, &nri.UpdateContainerRequest{
 			Pod: pod, Container: ctr, LinuxResources: res,
 		})
+		r.apply(updated.GetUpdate())
 		return err
 	})
 	if err != nil {
@@ -285,7 +322,8 @@ func (r *runtime) cycle(ctx context.Context, pod *nri.PodSandbox, res *nri.Linux
 		return err
 	}
 	err = timed("stop", func() error {
-		_, err := r.nri.StopContainer(ctx, &nri.StopContainerRequest{Pod: pod, Container: ctr})
+		stopped, err := r.nri.StopContainer(ctx, &nri.StopContainerRequest{Pod: pod, Container: ctr})
+		r.apply(stopped.GetUpdate())
 		return err
 	})
 	if err != nil {
