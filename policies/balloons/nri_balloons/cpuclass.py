@@ -421,6 +421,7 @@ class CpuClassHandler:
         ``wait`` says: its per-request timeout, within its budget). False when
         the writer is unavailable (the CPUs stay dirty; a later commit
         re-applies every setting)."""
+        self.pct.log_placed()
         return exchange(self.commit_steps(wait.timeout), self.writer, wait.budget)
 
     def unsettled(self) -> bool:

@@ -29,6 +29,10 @@ from nri_balloons.pctstate import PctState
 
 log = logging.getLogger("cpuclass")
 
+#: placement lines kept for the commit at most (a policy driven without one
+#: logs them at this many)
+PLACED_MAX = 64
+
 
 class Hints(msgspec.Struct):
     """Placement hints of one class for one resize: ``prefer`` is a list of
@@ -197,15 +201,26 @@ class PlacementHints(PctState):
 
     def log_placement(self, balloon: str, name: str, cpus: int) -> None:
         """Where a balloon of a PCT class landed (spec step 11: "the plugin
-        log prints the punit each new balloon is assigned to")."""
+        log prints the punit each new balloon is assigned to"): the line is
+        logged by :meth:`log_placed`, which the decision's commit calls (the
+        plugin's runs once the answer is out: the line is not on the reply
+        path); past :data:`PLACED_MAX` lines kept, at once."""
         if not self.mode or name not in self.plans or not cpus:
             return
-        keys = sorted({k for c in cpuset.ids(cpus) if (k := self.punit_key(c)) is not None})
-        log.info(
-            "pct: balloon %s (cpuClass %s, CLOS %d) on cpus %s: %s",
-            balloon,
-            quote(name),
-            self.plans[name].clos,
-            cpuset.format(cpus),
-            ", ".join(f"pkg={p} punit={u}" for p, u in keys) or "no punit",
-        )
+        self.placed.append((balloon, name, self.plans[name].clos, cpus))
+        if len(self.placed) >= PLACED_MAX:
+            self.log_placed()
+
+    def log_placed(self) -> None:
+        """Log the placements :meth:`log_placement` kept, in their order."""
+        placed, self.placed = self.placed, []
+        for balloon, name, clos, cpus in placed:
+            keys = sorted({k for c in cpuset.ids(cpus) if (k := self.punit_key(c)) is not None})
+            log.info(
+                "pct: balloon %s (cpuClass %s, CLOS %d) on cpus %s: %s",
+                balloon,
+                quote(name),
+                clos,
+                cpuset.format(cpus),
+                ", ".join(f"pkg={p} punit={u}" for p, u in keys) or "no punit",
+            )

@@ -160,6 +160,9 @@ class PctState:
         know the running containers before the runtime's Synchronize, and must
         not send their CPUs to the idle class (an HP pod off its CLOS) meanwhile"""
         self.requests_sent = 0
+        self.placed: list[tuple[str, str, int, int]] = []
+        """balloon, class, CLOS and CPUs of each placement of a PCT class not
+        logged yet (:meth:`~nri_balloons.pcthints.PlacementHints.log_placed`)"""
         self._programmed_key: object = None
         """the plan of the configuration"""
         self._answered: set[str] = set()

@@ -177,7 +177,10 @@ class Balloons:
     def commit(self, wait: Wait) -> None:
         """Apply the CPU class decisions of the hook that just ran (one commit
         per hook, within the hook's ``wait``: one helper request). What the
-        helper did not take goes to the background."""
+        helper did not take goes to the background. The hook's PCT
+        placement lines are logged first, committed or not."""
+        if self.policy is not None:
+            self.policy.cpu_classes.pct.log_placed()
         if self.sst_missed and self.rediscovery is None and _running_loop() is not None:
             self.rediscovery = asyncio.get_running_loop().create_task(self._rediscover())
         if self.policy is None or self.background is not None:

@@ -129,11 +129,14 @@ def class_hints(hints: Hints) -> ResizeHints:
     (virtual devices named after the class they come from)."""
     prefer: list[Hint] = []
     avoid: list[Hint] = []
+    debug = log.isEnabledFor(logging.DEBUG)  # the CPU sets formatted for debug only
     for i, (name, sets) in enumerate(hints.prefer):
-        log.debug("cpuclass hint: prefer %s -> %s", quote(name), _sets(sets))
+        if debug:
+            log.debug("cpuclass hint: prefer %s -> %s", quote(name), _sets(sets))
         prefer.append(VirtualDevice(f"__cls_pref_{i}_{name}", sets))
     for i, (name, cpus) in enumerate(hints.avoid):
-        log.debug("cpuclass hint: avoid %s -> %s", quote(name), cpuset.format(cpus))
+        if debug:
+            log.debug("cpuclass hint: avoid %s -> %s", quote(name), cpuset.format(cpus))
         avoid.append(VirtualDevice(f"__cls_avoid_{i}_{name}", [cpus]))
     return ResizeHints(tuple(prefer), tuple(avoid))
 

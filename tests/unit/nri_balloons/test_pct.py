@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+from pathlib import Path
 
 import pytest
 from nri_balloons.configyaml import load_policy
 from nri_balloons.extres import extended_resources
+from nri_balloons.pcthints import PLACED_MAX
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
 from nri_balloons.validation import validate
 from nri_framework import cpuset
@@ -28,6 +30,7 @@ from pct_helpers import (
     make,
     pod,
     shared_root,  # noqa: F401 (the module's autouse host tree)
+    start,
 )
 
 
@@ -233,6 +236,45 @@ def test_placement_is_logged_with_the_punit(caplog: pytest.LogCaptureFixture) ->
         f'pct: balloon hp-bln[0] (cpuClass "hp-pct", CLOS 0) on cpus {cpuset.format(cpus)}: '
         f"pkg={pkg} punit={unit}"
     ) in caplog.messages
+
+
+def test_the_placement_line_is_logged_after_the_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugin logs a create's placement line with the decision's commit,
+    once the answer is out (the stub's ``replying`` block left), not while
+    the answer is built; a policy whose placements nobody commits logs them
+    every PLACED_MAX."""
+    from nri_framework.host import PolicyHost
+    from nri_framework.model import RuntimeInfo
+
+    plugin = start(InProcessHelper(), SPEC.read_text(), tmp_path)
+    host = plugin.host
+    assert isinstance(host, PolicyHost)
+    try:
+        host.configure("", RuntimeInfo(name="containerd", version="2.1.4"))
+        host.synchronize([], [])
+        caplog.set_level(logging.INFO, logger="cpuclass")
+
+        def placed() -> list[str]:
+            return [line for line in caplog.messages if line.startswith("pct: balloon hp-bln")]
+
+        with host.replying():
+            result = host.create_container(*pod("pct-hp-1", 2, "hp-bln"))
+            assert placed() == []
+        assert result.adjustment is not None and result.adjustment.resources.cpu is not None
+        (line,) = placed()
+        assert f"on cpus {result.adjustment.resources.cpu.cpus}: pkg=" in line
+    finally:
+        plugin.policy_shutdown()
+    caplog.clear()
+    policy, _ = make()
+    pct = policy.cpu_classes.pct
+    for i in range(PLACED_MAX - 1):
+        pct.log_placement(f"hp-bln[{i}]", "hp-pct", 0b11 << 2 * i)
+    assert placed() == [] and len(pct.placed) == PLACED_MAX - 1
+    pct.log_placement("hp-bln[last]", "hp-pct", 0b11)
+    assert len(placed()) == PLACED_MAX and pct.placed == []
 
 
 def test_leaving_managed_mode_resets_sst(caplog: pytest.LogCaptureFixture) -> None:
