@@ -37,7 +37,8 @@ def peer_doc(scale: float, *, hp_p99: float | None = None) -> dict[str, object]:
         grow = 1 + n / 1000
         stats = {"count": 100, "p50_ms": scale * grow, "p99_ms": 2 * scale * grow}
         hp = dict(stats, p99_ms=hp_p99 if hp_p99 is not None else stats["p99_ms"])
-        requests = {k: stats for k in ("create", "create_lp", "update", "stop", "remove")}
+        kinds = ("create", "create_lp", "start_hp", "start_lp", "update", "stop", "remove")
+        requests = {k: stats for k in kinds}
         requests["create_hp"] = hp
         rnd: dict[str, object] = {
             "running": n,
@@ -213,7 +214,8 @@ def test_a_round_whose_plugin_was_off_the_request_path_is_not_measured() -> None
     doc = peer_doc(0.5)
     alone = {"count": 200, "p50_ms": 0.004, "p99_ms": 0.006}
     doc["rounds"][3]["requests"] = {  # type: ignore[index]
-        k: alone for k in ("create", "create_hp", "create_lp", "update", "stop", "remove")
+        k: alone
+        for k in ("create", "create_hp", "create_lp", "start_hp", "update", "stop", "remove")
     }
     doc["rounds"][3]["unadjusted_creates"] = 7  # type: ignore[index]
     figs = by_key(bench_floor.figures(floor, parsed(doc), pct, helper_rss=20.0))
