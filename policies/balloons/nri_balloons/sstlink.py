@@ -190,38 +190,41 @@ class HelperWriter:
             self._client = SyncHelperClient(
                 self.endpoint, timeout=self.timeout, client="nri-resource-policy"
             )
+        client = self._client
         try:
-            return self._client.start(request, timeout)
+            return client.start(request, timeout)
         except HelperUnavailable as exc:
             raise WriterUnavailable(str(exc)) from None
         finally:
-            self.instance = self._client.instance or self.instance
+            self.instance = client.instance or self.instance
 
     def finish(self, call: Call) -> m.Reply:
         """The reply of the request :meth:`start` sent, within its timeout."""
-        assert self._client is not None
+        client = self._client
+        assert client is not None
         try:
-            return self._client.finish(call)
+            return client.finish(call)
         except HelperUnavailable as exc:
             raise WriterUnavailable(str(exc)) from None
         except HelperRequestError as exc:
             raise refused(m.ErrorReply(code=exc.code, message=exc.message)) from None
         finally:
-            self.instance = self._client.instance or self.instance
+            self.instance = client.instance or self.instance
 
     async def request_async(self, request: m.Request, timeout: float | None = None) -> m.Reply:
         if self._async is None:
             self._async = HelperClient(
                 self.endpoint, timeout=self.timeout, client="nri-resource-policy"
             )
+        client = self._async  # its own: close() (at shutdown) may drop it meanwhile
         try:
-            return await self._async.request(request, timeout)
+            return await client.request(request, timeout)
         except HelperUnavailable as exc:
             raise WriterUnavailable(str(exc)) from None
         except HelperRequestError as exc:
             raise refused(m.ErrorReply(code=exc.code, message=exc.message)) from None
         finally:
-            self.instance = self._async.instance or self.instance
+            self.instance = client.instance or self.instance
 
     def awaited(self) -> bool:
         """No helper process has answered yet, and this writer (the plugin)
