@@ -37,7 +37,8 @@ import enum
 import functools
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 import msgspec
 from nri_framework import cpuset
@@ -46,6 +47,8 @@ from nri_framework.memo import RecentAnswers
 from nri_framework.topology import MemoryType, Topology
 
 from nri_balloons.gofmt import quote
+
+T = TypeVar("T")
 
 log = logging.getLogger("libmem")
 
@@ -300,6 +303,26 @@ def _created(r: _Request | MemoryAllocation) -> int:
     return r.created
 
 
+class _Parsed(Generic[T]):
+    """The texts of a saved state parsed by ``parse``, each distinct text
+    once (a thousand allocations hold a few zones and type lists), with
+    whether a text is as ``format`` writes its value (a saved allocation in
+    that form is the one :func:`_allocation` would make). A text ``parse``
+    rejects raises again each time."""
+
+    def __init__(self, parse: Callable[[str], T], format: Callable[[T], str]) -> None:
+        self._parse, self._format = parse, format
+        self._seen: dict[str, tuple[T, bool]] = {}
+
+    def __call__(self, text: str) -> tuple[T, bool]:
+        """The value of ``text``, and whether ``text`` is its canonical form."""
+        seen = self._seen.get(text)
+        if seen is None:
+            value = self._parse(text)
+            seen = self._seen[text] = (value, self._format(value) == text)
+        return seen
+
+
 def _allocation(r: _Request) -> MemoryAllocation:
     return MemoryAllocation(
         id=r.id,
@@ -355,8 +378,20 @@ class MemoryAllocator:
         ] = RecentAnswers(MEMO_MAX)
         """(affinity, types) -> :func:`initial_zone` of them (a function of the
         topology alone), as computed while DEBUG (its lines) is off"""
+        self._types = frozenset(topology.memory_type_masks)
+        """the memory types the node has"""
+        self._zone_types: RecentAnswers[int, frozenset[MemoryType]] = RecentAnswers(MEMO_MAX)
+        """zone -> :func:`zone_types` of it (a function of the topology alone)"""
 
     # -- zones ---------------------------------------------------------------------
+
+    def types_of(self, zone: int) -> frozenset[MemoryType]:
+        """:func:`zone_types`, computed once per zone (every realloc asks)."""
+        types = self._zone_types.get(zone)
+        if types is None:
+            types = zone_types(self.topology, zone)
+            self._zone_types.keep(zone, types)
+        return types
 
     def zone_capacity(self, zone: int) -> int:
         capacity = self._capacity.get(zone)
@@ -387,13 +422,15 @@ class MemoryAllocator:
         if not use[0]:
             del self._in_use[r.zone]  # less in use: no check that found none would find one
 
-    def _insert(self, r: _Request) -> None:
+    def _insert(self, r: _Request, export: MemoryAllocation | None = None) -> None:
+        """Add ``r``; ``export``: its :func:`_allocation`, when at hand (a
+        restore's saved one, in the canonical form)."""
         self.requests[r.id] = r
         self._account(r, 1)
         last = next(reversed(self._exported.values()), None)
         if last is not None and last.created >= r.created:
             self._exported_stale = True
-        self._exported[r.id] = _allocation(r)
+        self._exported[r.id] = _allocation(r) if export is None else export
         self.changed.add(r.id)
 
     def _remove(self, request_id: str) -> _Request | None:
@@ -482,21 +519,22 @@ class MemoryAllocator:
         # unlike upstream, types the node lacks are dropped as allocate drops them
         # (upstream then fails every later Realloc of the container: it cannot
         # find new nodes of a type the node has none of)
-        wanted = frozenset(types) & frozenset(self.topology.memory_type_masks)
-        log.debug(
-            "reallocate to add %s memory affine to %s for %s",
-            format_types(wanted),
-            cpuset.format(affinity),
-            req,
-        )
+        wanted = self._types.intersection(types)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "reallocate to add %s memory affine to %s for %s",
+                format_types(wanted),
+                cpuset.format(affinity),
+                req,
+            )
         if not affinity and not wanted:
             return req.zone, {}
         if req.affinity == affinity and req.types == wanted:
             return req.zone, {}
-        if affinity & ~req.zone == 0 and wanted <= zone_types(self.topology, req.zone):
+        if affinity & ~req.zone == 0 and wanted <= self.types_of(req.zone):
             return req.zone, {}
         if not wanted:
-            wanted = zone_types(self.topology, affinity)
+            wanted = self.types_of(affinity)
         else:
             affinity &= nodes_of(self.topology, wanted)
         self._journal = {}
@@ -506,7 +544,7 @@ class MemoryAllocator:
         # grows by the new affinity nodes, and by the closest nodes only of the
         # types it still lacks
         grown = req.zone | affinity
-        miss = wanted - zone_types(self.topology, grown)
+        miss = wanted - self.types_of(grown)
         new = (affinity & ~req.zone) | (expand(self.topology, grown, miss) if miss else 0)
         if not new:
             raise MemoryPlacementError(
@@ -657,12 +695,14 @@ class MemoryAllocator:
         """Take the allocations ``saved`` (by :meth:`export`) of the requests in
         ``alive``; returns why any was dropped (it is allocated anew then)."""
         dropped: list[str] = []
+        nodes = _Parsed(cpuset.parse, cpuset.format)
+        kinds = _Parsed(parse_types, format_types)
         for s in saved:
             if s.id not in alive or s.id in self.requests:
                 continue
             try:
-                zone, affinity = cpuset.parse(s.zone), cpuset.parse(s.affinity)
-                types = parse_types(s.types) if s.types else frozenset()
+                (zone, zone_ok), (affinity, affinity_ok) = nodes(s.zone), nodes(s.affinity)
+                types, types_ok = kinds(s.types) if s.types else (frozenset(), True)
                 if not zone or zone & ~self.nodes:
                     raise ValueError(f"zone {s.zone!r} not of this node's memory nodes")
                 if s.limit < 0:
@@ -670,8 +710,7 @@ class MemoryAllocator:
             except ValueError as exc:
                 dropped.append(f"{s.id}: {exc}")
                 continue
-            self._insert(
-                _Request(s.id, s.name, s.limit, affinity, types, s.priority, zone, s.created)
-            )
+            r = _Request(s.id, s.name, s.limit, affinity, types, s.priority, zone, s.created)
+            self._insert(r, s if zone_ok and affinity_ok and types_ok else None)
             self._created = max(self._created, s.created)
         return dropped

@@ -157,6 +157,22 @@ def test_allocations_are_saved_and_restored() -> None:
     assert b.requests["new"].created > b.requests["d"].created
 
 
+def test_a_restored_allocation_is_exported_in_the_canonical_form() -> None:
+    """A saved allocation's node lists and types are parsed once per distinct
+    text (a thousand containers share a few); one saved as :meth:`export`
+    writes it is exported as it was read, one written otherwise (an older
+    version, a hand edit) as export writes it."""
+    canonical = MemoryAllocation(id="c", affinity="0-1", types="DRAM,HBM", zone="0-3", created=1)
+    other = MemoryAllocation(id="o", affinity="1,0", types="hbm, dram", zone="0,1,2-3", created=2)
+    a = allocator()
+    assert a.restore([canonical, other], {"c", "o"}) == []
+    c, o = a.export()
+    assert c is canonical
+    assert o == msgspec.structs.replace(other, affinity="0-1", types="DRAM,HBM", zone="0-3")
+    assert a.requests["o"].zone == a.requests["c"].zone == 0b1111
+    assert a.requests["o"].types == a.requests["c"].types == HBM | {MemoryType.DRAM}
+
+
 def test_a_bad_saved_allocation_is_dropped_named_and_the_rest_kept() -> None:
     good = MemoryAllocation(id="ok", limit=M, affinity="0", types="DRAM", zone="0")
     bad = [
