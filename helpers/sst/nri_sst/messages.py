@@ -17,11 +17,13 @@ Conventions:
 * Payloads larger than :data:`MAX_MESSAGE_SIZE` are refused before decoding.
 
 The Structs' annotations are evaluated when the classes are made (no ``from
-__future__ import annotations``): the module's decoders read every message's
-annotations at import, and msgspec compiles each string annotation (~150 here,
-~1.4 ms of every plugin and helper start).
+__future__ import annotations``): a decoder reads every message's annotations,
+and msgspec would compile each string annotation (~150 here, ~1.4 ms). The
+decoders are made at their first use, not at import (~1 ms of a plugin start
+without a helper, which decodes no message).
 """
 
+import functools
 from typing import Literal
 
 import msgspec
@@ -590,8 +592,19 @@ class HelperError(Exception):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(Request)
-_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+@functools.cache
+def _request_decoder() -> msgspec.msgpack.Decoder[Request]:
+    """Made at the first request (the helper's): building a decoder compiles
+    the types of every message, ~1 ms of a plugin start that may decode none."""
+    return msgspec.msgpack.Decoder(Request)
+
+
+@functools.cache
+def _reply_decoder() -> msgspec.msgpack.Decoder[Reply]:
+    """Made at the first reply (a plugin with a helper)."""
+    return msgspec.msgpack.Decoder(Reply)
 
 
 def encode(msg: msgspec.Struct) -> bytes:
@@ -613,7 +626,7 @@ def decode_request(data: bytes) -> Request:
     if len(data) > MAX_MESSAGE_SIZE:
         raise too_large(len(data))
     try:
-        return _request_decoder.decode(data)
+        return _request_decoder().decode(data)
     except RecursionError:
         raise HelperError("malformed", "malformed message: nested too deeply") from None
     except msgspec.ValidationError as exc:
@@ -627,4 +640,4 @@ def decode_request(data: bytes) -> Request:
 
 def decode_reply(data: bytes) -> Reply:
     """Bytes -> a typed reply (client side); raises ``msgspec`` errors on garbage."""
-    return _reply_decoder.decode(data)
+    return _reply_decoder().decode(data)

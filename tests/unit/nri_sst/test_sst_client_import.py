@@ -37,3 +37,21 @@ def test_pyzmq_imported_by_the_first_asyncio_client_only() -> None:
         "False",
         "zmq.asyncio",
     ], out.stdout + out.stderr
+
+
+def test_the_message_decoders_are_made_at_their_first_use() -> None:
+    """A plugin started without a helper decodes no message: importing the
+    policy builds neither decoder (each compiles every message's types); the
+    first decode builds its decoder, once."""
+    code = textwrap.dedent(
+        """
+        import nri_balloons.plugin
+        from nri_sst import messages as m
+        print(m._request_decoder.cache_info().currsize, m._reply_decoder.cache_info().currsize)
+        m.decode_reply(m.encode(m.ErrorReply(code="malformed", message="x")))
+        m.decode_reply(m.encode(m.ErrorReply(code="malformed", message="y")))
+        print(m._request_decoder.cache_info().currsize, m._reply_decoder.cache_info().misses)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["0 0", "0 1"], out
