@@ -53,7 +53,7 @@ from nri_balloons.memplacement import MemoryPlacer, memory_limit, type_set
 from nri_balloons.placement import Placement, TypeOptions, changes_placement
 from nri_balloons.sizing import share_idle
 from nri_balloons.sstlink import DEFAULT_WAIT, Wait
-from nri_balloons.state import StateTracker, decode, parts, rebuild
+from nri_balloons.state import MemberPart, StateTracker, decode, parts, rebuild
 from nri_balloons.trees import build_trees, class_hints
 from nri_balloons.validation import PreparedConfig
 
@@ -171,6 +171,8 @@ class BalloonsPolicy:
         """:attr:`MemoryPlacer.moves` when the pins were computed"""
         self.state_tracker = StateTracker()
         """what changed in the saved state since the journal's last record"""
+        self._member_parts: dict[str, MemberPart] = {}
+        """the member parts of the last :meth:`export` (reused by the next)"""
         self._pins: dict[str, tuple[str, str]] = {}
         """the last pinning, whole (what :meth:`pinning_changes` changes)"""
         self._entry_of: dict[str, _PinnedBalloon] = {}
@@ -917,7 +919,8 @@ class BalloonsPolicy:
 
     def export(self) -> dict[str, Any]:
         """The state to save, keyed (:func:`nri_balloons.state.parts`)."""
-        return parts(self.balloons, {m.id: m for m in self.memory.export()})
+        memory = {m.id: m for m in self.memory.export()}
+        return parts(self.balloons, memory, self._member_parts)
 
     def state_changes(self) -> StateChanges:
         """The parts of :meth:`export` changed since the last call."""

@@ -133,17 +133,37 @@ def _member_part(b: Balloon, cid: str) -> MemberPart:
     return MemberPart(balloon=balloon_key(b), joined=b.members.joined[cid], member=b.members[cid])
 
 
-def parts(balloons: list[Balloon], memory: Mapping[str, MemoryAllocation]) -> dict[str, Any]:
+def parts(
+    balloons: list[Balloon],
+    memory: Mapping[str, MemoryAllocation],
+    memo: dict[str, MemberPart] | None = None,
+) -> dict[str, Any]:
     """The keyed state (version 3) of ``balloons`` (the policy's top-level
-    balloons) and the containers' ``memory`` allocations (by id)."""
-    out: dict[str, Any] = {"version": STATE_VERSION, "balloons": [balloon_key(b) for b in balloons]}
-    for b in balloons:
-        out[balloon_key(b)] = _saved(b, members=False)
-    for b in balloons:
-        for cid in b.members:
-            out[f"m:{cid}"] = _member_part(b, cid)
+    balloons) and the containers' ``memory`` allocations (by id). ``memo``:
+    the member parts of the last call, by key, reused where the member is
+    the same object in the same balloon at the same place (a snapshot of
+    1000 containers makes the parts of those that moved), and replaced by
+    this call's."""
+    keys = [balloon_key(b) for b in balloons]
+    out: dict[str, Any] = {"version": STATE_VERSION, "balloons": keys}
+    for key, b in zip(keys, balloons, strict=True):
+        out[key] = _saved(b, members=False)
+    last = memo or {}
+    made: dict[str, MemberPart] = {}
+    for key, b in zip(keys, balloons, strict=True):
+        joined = b.members.joined
+        for cid, member in b.members.items():
+            pk = f"m:{cid}"
+            part, at = last.get(pk), joined[cid]
+            same = part is not None and part.member is member and part.joined == at
+            if part is None or not same or part.balloon != key:
+                part = MemberPart(balloon=key, joined=at, member=member)
+            out[pk] = made[pk] = part
     for rid, m in memory.items():
         out[f"a:{rid}"] = m
+    if memo is not None:
+        memo.clear()
+        memo.update(made)
     return out
 
 

@@ -4,13 +4,14 @@ what the whole export gives, and restore the same balloons."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
 import msgspec
 import pytest
 from nri_balloons.policy import BalloonsError, BalloonsPolicy
-from nri_balloons.state import decode
+from nri_balloons.state import decode, parts
 from nri_framework.journal import Decision, merge_parts
 from nri_framework.model import Container, CpuResources, MemoryResources, Pod, Resources
 from test_state import DATA, fresh_policy
@@ -167,3 +168,28 @@ def test_a_member_changed_in_place_keeps_its_place_in_the_balloon() -> None:
     again = fresh_policy()
     assert again.restore(merged, {"c0", "c1", "c2"}) == {"c0", "c1", "c2"}
     assert list(again.owner["c0"].members) == ["c0", "c1", "c2"]
+
+
+def test_an_export_reuses_the_parts_of_the_members_that_stayed() -> None:
+    """A snapshot exports the whole state: the part of a member still the same
+    object at the same place in the same balloon is the last export's; one
+    that moved is made anew, and the export is what one without the memo
+    makes."""
+    rng = random.Random(5)
+    policy = fresh_policy()
+    for i in range(8):
+        pod, ctr = make(rng, i)
+        with contextlib.suppress(BalloonsError):
+            policy.allocate(pod, ctr)
+    first = policy.export()
+    stay, move = sorted(k for k in first if k.startswith("m:"))[:2]
+    cid = move[2:]
+    src = policy.owner[cid]
+    dst = next(b for b in policy.balloons if b is not src)
+    dst.members[cid] = src.members.pop(cid)
+    policy.owner[cid] = dst
+    second = policy.export()
+    assert second[stay] is first[stay]
+    assert second[move] is not first[move] and second[move].balloon == f"b:{dst.name}"
+    memory = {m.id: m for m in policy.memory.export()}
+    assert builtins(second) == builtins(parts(policy.balloons, memory))
