@@ -126,6 +126,11 @@ class Cache:
         self.clear_changes()
         return d
 
+    @property
+    def dirty(self) -> bool:
+        """Something changed since the last journal record."""
+        return self.dirty_all or bool(self.dirty_pods) or bool(self.dirty_containers)
+
     def clear_changes(self) -> None:
         self.dirty_pods.clear()
         self.dirty_containers.clear()

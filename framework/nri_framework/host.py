@@ -491,7 +491,9 @@ class PolicyHost:
 
     def save_now(self) -> None:
         """Write the snapshot, then empty the journal it holds."""
-        self.statefile.save(self.cache, self.hook.policy_export_state)
+        self.statefile.save(
+            self.cache, self.hook.policy_export_state, self.hook.policy_state_changes
+        )
 
 
 if TYPE_CHECKING:

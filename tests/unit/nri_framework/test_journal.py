@@ -22,7 +22,16 @@ from nri_framework.cache import Cache
 from nri_framework.hookspecs import hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.journal import HEADER, Decision, Journal, StateChanges, frame
-from nri_framework.model import Container, CpuResources, CreateResult, Event, Pod, Resources, Update
+from nri_framework.model import (
+    Container,
+    ContainerState,
+    CpuResources,
+    CreateResult,
+    Event,
+    Pod,
+    Resources,
+    Update,
+)
 from nri_framework.policies.pinner import Pinner
 
 POD = Pod(id="p", name="pod")
@@ -485,19 +494,20 @@ async def test_without_a_state_dir_what_changed_does_not_pile_up(tmp_path: Path)
 def test_a_snapshot_encodes_only_the_entries_that_changed(tmp_path: Path) -> None:
     """The snapshot is the bytes a whole :class:`SavedState` encodes to (what
     ``load`` reads), each unchanged entry's JSON kept from the last snapshot
-    and each changed or new one encoded again; an entry gone is forgotten."""
+    (in the mirror of the journal's records) and each changed or new one
+    encoded again; an entry gone is forgotten."""
     h = host(tmp_path)
     for cid in ("a", "b"):
         h.create_container(POD, guaranteed(cid, 1))
     h.save_now()
-    kept = dict(h.statefile._containers._of)
+    kept = dict(h.statefile._mirror.containers)
     a2 = guaranteed("a", 2)
     h.update_container(POD, a2, a2.resources or Resources())  # "a" changes, "b" does not
     h.create_container(POD, guaranteed("c", 1))
     h.save_now()
-    now = h.statefile._containers._of
-    assert now["b"][1] is kept["b"][1]
-    assert now["a"][1] is not kept["a"][1]
+    now = h.statefile._mirror.containers
+    assert now["b"] is kept["b"]
+    assert now["a"] is not kept["a"]
     assert set(now) == {"a", "b", "c"}
     pods, containers = h.cache.snapshot()
     whole = statefile.SavedState(
@@ -510,4 +520,20 @@ def test_a_snapshot_encodes_only_the_entries_that_changed(tmp_path: Path) -> Non
     assert loaded is not None and loaded.containers["a"] == containers["a"]
     h.notify(Event.REMOVE_CONTAINER, POD, guaranteed("b", 1))
     h.save_now()
-    assert set(h.statefile._containers._of) == {"a", "c"}
+    assert set(h.statefile._mirror.containers) == {"a", "c"}
+
+
+def test_a_snapshot_holds_what_changed_after_the_last_record(tmp_path: Path) -> None:
+    """An event the runtime sent after the last decision (a container that
+    started: no record of its own) is in the snapshot: the snapshot records
+    what changed since the last record first, then writes its state."""
+    h = host(tmp_path)
+    h.create_container(POD, guaranteed("a", 1))
+    h.save_now()  # the mirror of the records starts here
+    running = msgspec.structs.replace(guaranteed("a", 1), state=ContainerState.RUNNING)
+    h.notify(Event.POST_START_CONTAINER, POD, running)
+    h.save_now()  # as at shutdown
+    loaded = h.statefile.load()
+    assert loaded is not None
+    assert loaded.containers["a"].state is ContainerState.RUNNING
+    assert loaded.containers == h.cache.snapshot()[1]
