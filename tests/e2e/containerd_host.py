@@ -37,6 +37,16 @@ def _cgroup_mounts() -> list[Path]:
     return mounts
 
 
+def cgroup_v1_root(controller: str) -> Path | None:
+    """Where the cgroup v1 hierarchy of ``controller`` is mounted, if it is."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields = right.split()
+        if len(fields) >= 3 and fields[0] == "cgroup" and controller in fields[2].split(","):
+            return Path(_unescape(left.split()[4]))
+    return None
+
+
 def _unescape(path: str) -> str:
     return path.encode().decode("unicode_escape") if "\\" in path else path
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypedDict
 import grpc
 import pytest
 from containerd_env import ContainerdEnv
+from containerd_host import cgroup_v1_root
 from cri_client import CRIClient, Pod
 from nri_framework.nri.versions import parse_version, synchronizes_prelaunched, valid_events
 
@@ -75,19 +76,9 @@ def cpus_of(line: str) -> str:
     return line.split(":", 1)[1].strip()
 
 
-def _cpuset_root() -> Path | None:
-    """Where the cgroup v1 ``cpuset`` hierarchy is mounted, if it is."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields = right.split()
-        if len(fields) >= 3 and fields[0] == "cgroup" and "cpuset" in fields[2].split(","):
-            return Path(left.split()[4])
-    return None
-
-
 def cgroup_cpus(pod: Pod, cid: str) -> str | None:
     """The container's cgroup v1 ``cpuset.cpus`` (None without a cpuset hierarchy)."""
-    root = _cpuset_root()
+    root = cgroup_v1_root("cpuset")
     if root is None:
         return None
     path = root / str(pod.config.linux.cgroup_parent).lstrip("/") / cid / "cpuset.cpus"

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from containerd_host import cgroup_v1_root
 from cri_client import CRIClient
 from nri_framework.pb import cri_pb2
 
@@ -73,14 +74,10 @@ def kernel_block_io_weight() -> bool:
     kernel without (a VM's block devices without BFQ) makes runc fail the
     start: the kernel's doing, not the plugin's, whose part ends in the OCI
     spec."""
+    blkio = cgroup_v1_root("blkio")
+    if blkio is not None:
+        return (blkio / "blkio.weight").exists() or (blkio / "blkio.bfq.weight").exists()
     unified = Path("/sys/fs/cgroup/cgroup.controllers")
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = right.split()
-            if len(fields) >= 3 and fields[0] == "cgroup" and "blkio" in fields[2].split(","):
-                mnt = Path(left.split()[4])
-                return (mnt / "blkio.weight").exists() or (mnt / "blkio.bfq.weight").exists()
     return unified.exists() and "io" in unified.read_text().split()
 
 
