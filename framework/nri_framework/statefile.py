@@ -111,7 +111,9 @@ class Mirror:
 
     Holds nothing until a snapshot made the whole way fills it
     (:meth:`fill`); the policy's part only while its state is keyed and every
-    record since carried its parts (else each snapshot exports it whole)."""
+    record since carried its parts (else each snapshot exports it whole,
+    until a record carries the whole keyed state again: the first keyed
+    record after an unkeyed one always does)."""
 
     def __init__(self) -> None:
         self.filled = False
@@ -293,11 +295,12 @@ class StateFile:
             return
         self.seq += 1
         decision = cache.take_changes(self.seq)
-        self._record(decision, export, changes)
+        self._record(decision, export, changes() if changes is not None else None)
 
-    def _record(self, decision: Decision, export: Export, changes: Changes | None) -> None:
+    def _record(self, decision: Decision, export: Export, delta: StateChanges | None) -> None:
+        """Journal ``decision`` with the policy's state: the keyed ``delta``,
+        or (``None``: not keyed) the whole export when it changed."""
         assert self.journal is not None
-        delta = changes() if changes is not None else None
         if delta is not None:
             self._policy_state = b""  # a whole record after keyed ones is never left out
             if delta.reset or not self._keyed:
@@ -338,7 +341,7 @@ class StateFile:
         delta = changes() if changes is not None else None
         if cache.dirty or (delta is not None and (delta.parts or delta.reset)):
             self.seq += 1
-            self._record(cache.take_changes(self.seq), export, lambda: delta)
+            self._record(cache.take_changes(self.seq), export, delta)
 
     def schedule(self, save: Callable[[], None]) -> None:
         """Call ``save`` (which writes the snapshot) after the reply is out, once
@@ -394,7 +397,7 @@ class StateFile:
         if path is None:
             return
         mirror = self._mirror
-        if mirror.filled and self.journal is not None:
+        if mirror.filled:
             self._catch_up(cache, export, changes)  # the last record is the state now
             pods_raw, containers_raw, parts = mirror.image()
             state = _EncodedState(
@@ -404,8 +407,6 @@ class StateFile:
                 containers=containers_raw,
                 policy_state=export() if parts is None else parts,
             )
-            if parts is None and self._keyed:
-                mirror.fill(pods_raw, containers_raw, state.policy_state, keyed=True)
         else:
             pods, containers = cache.snapshot()
             cache.clear_changes()
@@ -416,8 +417,7 @@ class StateFile:
                 containers=_encoded(containers),
                 policy_state=export(),
             )
-            if self.journal is not None:
-                mirror.fill(state.pods, state.containers, state.policy_state, keyed=self._keyed)
+            mirror.fill(state.pods, state.containers, state.policy_state, keyed=self._keyed)
         try:
             replace_file(path, _encoder.encode(state))
         except OSError as exc:
