@@ -4,16 +4,20 @@ The peer (``tests/bench/go/peer``, on containerd/nri 0.6.1's ``pkg/adaptation``,
 the runtime side containerd uses) and the floor (``tests/bench/go/floor``, a
 trivial plugin on NRI's stub that pins every container to fixed CPUs) are
 built offline from Debian trixie's packages (``gopeer_build.py``; cached).
-In one run the peer drives, one after the other, the same scenario against:
+In one run the peer drives the same scenario, in turn, against:
 
-* the floor (three times: before, between and after ours; each figure of
-  the floor is the median of its three runs, :func:`median_floor`, so that
-  one noisy floor run on a shared 2-core VM does not move every ratio);
+* the floor;
 * ``nri-resource-policy run --policy balloons`` with the spec's BalloonsPolicy
   (``examples/pct-managed``, without its debug logging) on a 6776P sysfs tree
   (``write_topology``), without an SST helper (PCT fields ignored);
 * the same with the sim SST helper (``nri-sst-helper serve --backend sim``):
   PCT on the HP pods' reply path.
+
+That turn is taken :data:`RUNS` times (floor, ours, PCT, floor, ours, PCT,
+...), and each figure of each of the three is the median of its runs'
+(:func:`median_runs`): one noisy run on a shared 2-core VM, or a stretch of
+load that falls on one program's run and not on the other's, does not move a
+ratio; the ratios compare runs taken side by side.
 
 Scenario (per count N of running burstable containers in the default balloon,
 N = 0, 100, 500, 1000, Synchronize'd at registration): HP pods (2 CPUs,
@@ -69,6 +73,8 @@ TARGETED = (0, 500, 1000)
 #: CI's 2 cores): a p99 of 100 samples is their largest or second largest,
 #: one stall of a shared VM; of 300 it is the fourth largest
 CYCLES, CI_CYCLES = 300, 300
+#: turns of floor, ours and PCT in a run (each figure the median of its runs)
+RUNS = 3
 
 
 class Stats(msgspec.Struct, frozen=True):
@@ -123,9 +129,12 @@ def _slowest(samples: list[float]) -> list[float]:
 
 
 def _median_round(rounds: list[Round]) -> Round:
-    """One round's figures, each the median of ``rounds``' (same running count)."""
+    """One round's figures, each the median of ``rounds``' (same running
+    count); the restart is the median of every run's restarts."""
     kinds = set.intersection(*(set(r.requests) for r in rounds))
-    restarts = [r.restart_ms for r in rounds if r.restart_ms is not None]
+    restarts = [ms for r in rounds for ms in r.restarts_ms] or [
+        r.restart_ms for r in rounds if r.restart_ms is not None
+    ]
     syncs = [r.restart_synchronize_ms for r in rounds if r.restart_synchronize_ms is not None]
     return Round(
         running=rounds[0].running,
@@ -149,13 +158,13 @@ def _median_round(rounds: list[Round]) -> Round:
     )
 
 
-def median_floor(runs: list[PeerResult]) -> PeerResult:
-    """The floor: each figure the median of ``runs``' (one per floor run), at
-    every running count all runs measured. A median of three, not a minimum:
-    a minimum would pick the floor's luckiest run and a mean would carry its
-    noisiest one."""
+def median_runs(runs: list[PeerResult]) -> PeerResult:
+    """One program's figures: each the median of ``runs``' (the program's
+    runs), at every running count all runs measured. A median, not a minimum:
+    a minimum would pick the luckiest run and a mean would carry the noisiest
+    one."""
     if not runs:
-        raise ValueError("no floor run to take a median of")
+        raise ValueError("no run to take a median of")
     counts = [r.running for r in runs[0].rounds if all(_has(run, r.running) for run in runs)]
     return PeerResult(
         peer=runs[0].peer,
@@ -309,7 +318,10 @@ def _figures(
     )
     fhi = floor.at(hi.running)
     if hi.restart_ms is not None:
-        each = ", ".join(f"{ms:.0f}" for ms in sorted(hi.restarts_ms))
+        times = sorted(hi.restarts_ms)
+        each = ", ".join(f"{ms:.0f}" for ms in times)
+        if len(times) > 5:  # one run's each, the runs' range
+            each = f"{times[0]:.0f}-{times[-1]:.0f}"
         rows.append(
             Figure(
                 f"floor.restart_{hi.running}",
@@ -319,7 +331,7 @@ def _figures(
                 "ms",
                 150,
                 note="process start, state load, registration, Synchronize"
-                + (f"; each: {each} ms" if each else ""),
+                + (f"; {'each' if len(times) <= 5 else 'range'}: {each} ms" if each else ""),
                 base=fhi.restart_ms,
                 base_name="floor",
             )
@@ -398,32 +410,29 @@ def run(bins: dict[str, Path], running: str, cycles: int) -> list[Figure]:
         work = Path(tmp)
         host = write_topology(work / "host", XEON_6776P)
         config = spec_config(work / "config.yaml")
-        results = {}
+        runs: dict[str, list[PeerResult]] = {"floor": [], "ours": [], "pct": []}
         t0 = time.monotonic()
-        floors: list[PeerResult] = []
-
-        def floor_run() -> None:
-            d = work / f"floor-{len(floors)}"
-            d.mkdir()
-            cmd = [str(bins["floor"]), "-nri-socket", str(d / "nri.sock")]
-            floors.append(drive(bins["peer"], d, cmd, running, cycles))
-
-        floor_run()
         endpoint, helper = start_helper(work, host)
+        plugins: dict[str, list[str]] = {"ours": [], "pct": ["--sst-helper", endpoint]}
         try:
-            for name, extra in (("ours", []), ("pct", ["--sst-helper", endpoint])):
-                d = work / name
+            for turn in range(RUNS):
+                d = work / f"floor-{turn}"
                 d.mkdir()
-                paths = ScenarioPaths(d, d / "nri.sock", host, d / "state-{running}")
-                cmd = plugin_command("balloons", paths, ["--config-file", str(config), *extra])
-                results[name] = drive(bins["peer"], d, cmd, running, cycles)
-                floor_run()
+                cmd = [str(bins["floor"]), "-nri-socket", str(d / "nri.sock")]
+                runs["floor"].append(drive(bins["peer"], d, cmd, running, cycles))
+                for name, extra in plugins.items():
+                    d = work / f"{name}-{turn}"
+                    d.mkdir()
+                    paths = ScenarioPaths(d, d / "nri.sock", host, d / "state-{running}")
+                    cmd = plugin_command("balloons", paths, ["--config-file", str(config), *extra])
+                    runs[name].append(drive(bins["peer"], d, cmd, running, cycles))
             helper_rss = rss_mb(helper.pid)
         finally:
             helper.terminate()
             helper.wait(10)
-        print(f"peer runs: {time.monotonic() - t0:.0f} s ({len(floors)} of the floor)")
-    return figures(median_floor(floors), results["ours"], results["pct"], helper_rss)
+        print(f"peer runs: {time.monotonic() - t0:.0f} s ({RUNS} turns of floor, ours, PCT)")
+    median = {name: median_runs(each) for name, each in runs.items()}
+    return figures(median["floor"], median["ours"], median["pct"], helper_rss)
 
 
 def main() -> int:

@@ -251,7 +251,7 @@ def test_the_floor_is_the_median_of_its_runs_so_one_noisy_run_moves_nothing() ->
     the ratios are the ones against a typical floor, not the outlier's."""
     ours, pct = parsed(peer_doc(0.5)), parsed(peer_doc(0.5))
     runs = [parsed(peer_doc(s)) for s in (1.0, 0.2, 0.1)]
-    floor = bench_floor.median_floor(runs)
+    floor = bench_floor.median_runs(runs)
     assert floor.at(500).requests["create"].p50_ms == pytest.approx(0.2 * 1.5)
     assert floor.at(500).requests["create"].count == 300
     assert floor.at(1000).restart_ms == pytest.approx(100 * 0.2)
@@ -262,12 +262,29 @@ def test_the_floor_is_the_median_of_its_runs_so_one_noisy_run_moves_nothing() ->
     assert figs["floor.create_p99_0"].ratio == pytest.approx(2.5)
 
 
+def test_the_restart_is_the_median_of_every_runs_restarts() -> None:
+    """Three runs of five restarts each: the figure is the middle one of all
+    fifteen, not the middle of the runs' medians (one run's slow restarts are
+    its samples, not a vote), and the note gives their range."""
+    docs = []
+    for restarts in ([10, 11, 12, 300, 310], [13, 14, 15, 16, 17], [100, 101, 102, 103, 104]):
+        doc = peer_doc(0.2)
+        doc["rounds"][3]["restarts_ms"] = restarts  # type: ignore[index]
+        docs.append(parsed(doc))
+    ours = bench_floor.median_runs(docs)
+    assert ours.at(1000).restart_ms == pytest.approx(17)  # the runs' medians: 12, 15, 102
+    figs = by_key(bench_floor.figures(parsed(peer_doc(0.2)), ours, ours, helper_rss=20.0))
+    assert figs["floor.restart_1000"].value == pytest.approx(17)
+    assert "(median of 15)" in figs["floor.restart_1000"].name
+    assert "range: 10-310 ms" in figs["floor.restart_1000"].note
+
+
 def test_a_floor_run_off_the_request_path_takes_the_round_off() -> None:
     """One of three floor runs whose runtime answered alone at 1000 running: the
     median would hide it, so the round is reported as not measured."""
     doc = peer_doc(0.2)
     doc["rounds"][3]["unadjusted_creates"] = 3  # type: ignore[index]
-    floor = bench_floor.median_floor([parsed(peer_doc(0.2)), parsed(doc), parsed(peer_doc(0.2))])
+    floor = bench_floor.median_runs([parsed(peer_doc(0.2)), parsed(doc), parsed(peer_doc(0.2))])
     ours = parsed(peer_doc(0.5))
     figs = by_key(bench_floor.figures(floor, ours, ours, helper_rss=20.0))
     assert figs["floor.create_p50_1000"].value == math.inf
@@ -276,5 +293,5 @@ def test_a_floor_run_off_the_request_path_takes_the_round_off() -> None:
 
 
 def test_no_floor_run_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="no floor run"):
-        bench_floor.median_floor([])
+    with pytest.raises(ValueError, match="no run to take a median of"):
+        bench_floor.median_runs([])
