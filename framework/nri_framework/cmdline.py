@@ -16,10 +16,8 @@ import sys
 from typing import Any, TypeVar
 
 import msgspec
-import pluggy
 
-from nri_framework import hookspecs
-from nri_framework.hookspecs import PROJECT, PolicyError
+from nri_framework.hookspecs import PolicyError, plugin_manager
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -69,8 +67,7 @@ def add_policy_flags(parser: argparse.ArgumentParser, name: str, policy: object)
 
     Raises :class:`PolicyError` when a flag cannot be added (one the framework
     or another plugin already has)."""
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(hookspecs)
+    pm = plugin_manager()
     pm.register(policy, name=name)
     try:
         pm.hook.policy_addoption(parser=parser)

@@ -28,12 +28,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import pluggy
-
-from nri_framework import hookspecs
 from nri_framework.cache import Cache
 from nri_framework.hookrelay import PolicyHooks
-from nri_framework.hookspecs import EVENT_HOOKS, PROJECT, PolicyError
+from nri_framework.hookspecs import EVENT_HOOKS, PolicyError, plugin_manager
 from nri_framework.model import (
     Container,
     ContainerState,
@@ -96,8 +93,7 @@ class PolicyHost:
         self.log = logging.getLogger(f"policy.{policy_name}")
         self.cache = Cache()
         self.runtime = RuntimeInfo()
-        self.pm = pluggy.PluginManager(PROJECT)
-        self.pm.add_hookspecs(hookspecs)
+        self.pm = plugin_manager()
         self.pm.register(self.cache, name="cache")
         self.pm.register(policy, name=policy_name)
         for obs in observers or ():
