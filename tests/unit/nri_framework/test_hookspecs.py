@@ -134,4 +134,4 @@ def test_registration_reads_only_hook_attributes(monkeypatch: Any) -> None:
 
 
 def test_hook_names_are_the_specs() -> None:
-    assert hookspecs.HOOK_NAMES == set(specs())
+    assert set(specs()) == hookspecs.HOOK_NAMES
