@@ -463,8 +463,7 @@ class PolicyHost:
         self.hook.policy_shutdown()
         self._preparer.shutdown(wait=False, cancel_futures=True)
         self.save_now()
-        if self.journal is not None:
-            self.journal.close()
+        self.statefile.close()
 
     # -- persistence: the state file (snapshot and journal) ------------------
 
@@ -483,12 +482,21 @@ class PolicyHost:
                 callback()
             except Exception:
                 log.exception("change listener failed")
-        self.statefile.schedule(self.save_now)
+        self.statefile.schedule(self._save_soon)
 
     def save_now(self) -> None:
         """Write the snapshot, then empty the journal it holds."""
         self.statefile.save(
             self.cache, self.hook.policy_export_state, self.hook.policy_state_changes
+        )
+
+    def _save_soon(self) -> None:
+        """The scheduled snapshot: its file written off the loop."""
+        self.statefile.save(
+            self.cache,
+            self.hook.policy_export_state,
+            self.hook.policy_state_changes,
+            background=True,
         )
 
 

@@ -12,13 +12,14 @@ The host keeps its state in two files of the state directory:
   on and moves no running container.
 
 Compaction is the snapshot: once written (and renamed into place) the journal
-is truncated. A crash between the two leaves records the snapshot already
-holds; their sequence numbers (at most the snapshot's) make the restart skip
-them. The journal stays small: it holds the records since the node was last
-quiet, and the host compacts after the reply once it passes
-:data:`COMPACT_BYTES`, or once the last record leaves no room for another as
-large (:meth:`nri_framework.statefile.StateFile.due`);
-a record holds what its decision changed (the cache entries; the parts of a
+drops the records it holds (:meth:`Journal.drop_head`: the records appended
+while its file was being written stay). A crash between the two leaves
+records the snapshot already holds; their sequence numbers (at most the
+snapshot's) make the restart skip them. The journal stays small: it holds
+the records since the node was last quiet, and the host compacts after the
+reply once it passes :data:`COMPACT_BYTES`, or once the last record leaves no
+room for another as large (:meth:`nri_framework.statefile.StateFile.due`); a
+record holds what its decision changed (the cache entries; the parts of a
 keyed policy state, see :class:`Decision`).
 
 A record is ``length (u32 LE) | CRC-32 (u32 LE) | payload`` (the payload a
@@ -251,6 +252,35 @@ class Journal:
             return
         self.size = 0
         self.last = 0
+
+    def drop_head(self, covered: int) -> None:
+        """A snapshot now holds the first ``covered`` bytes (the records it
+        was made from; later ones were appended while it was written): keep
+        the rest alone, atomically (a new file renamed over this one; a crash
+        leaves the whole journal, whose first records the snapshot holds and
+        the restart skips by their sequence numbers). An error leaves the
+        journal whole, logged."""
+        if covered >= self.size:
+            self.reset()
+            return
+        rest = self.size - covered
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(covered)
+                tail = f.read(rest)
+            if len(tail) != rest:
+                raise OSError(f"{len(tail)} of the {rest} bytes after offset {covered}")
+            with open(tmp, "wb") as f:
+                f.write(tail)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            log.error("cannot cut the journal %s at offset %d: %s", self.path, covered, exc)
+            return
+        self.close()  # the next append opens the new file
+        self.size = rest
 
     def close(self) -> None:
         if self._fd is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,8 @@ async def test_a_large_journal_is_compacted_at_once(
     for cid in "bcd":
         h.create_container(POD, guaranteed(cid, 1))
     assert journal_path(tmp_path).stat().st_size > 400
-    await asyncio.sleep(0)  # past the limit: compacted on the next loop turn
+    await asyncio.sleep(0)  # past the limit: compacted from the next loop turn
+    await h.statefile.written()  # the file, written by a thread
     assert journal_path(tmp_path).stat().st_size == 0
     again = host(tmp_path)
     assert restored(again, *(guaranteed(c, 1) for c in "abcd")) == {
@@ -168,6 +170,108 @@ async def test_a_large_journal_is_compacted_at_once(
         "c": "5",
         "d": "4",
     }
+
+
+class HeldWrite:
+    """``statefile.replace_file`` held in the writer's thread until released
+    (``before``: ahead of the write; else once the file is in place), and
+    the thread it ran in."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, before: bool = True) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.threads: list[threading.Thread] = []
+        real = statefile.replace_file
+
+        def held(path: Path, data: bytes) -> None:
+            self.threads.append(threading.current_thread())
+            self.entered.set()
+            if not before:
+                real(path, data)
+            assert self.release.wait(10), "the held write was never released"
+            if before:
+                real(path, data)
+
+        monkeypatch.setattr(statefile, "replace_file", held)
+
+    async def started(self) -> None:
+        for _ in range(500):
+            if self.entered.is_set():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("no snapshot was written")
+
+
+def due_snapshot(h: PolicyHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records enough to make the snapshot due (it starts on the next turn)."""
+    monkeypatch.setattr(statefile, "COMPACT_BYTES", 400)
+    for cid in "abcd":
+        h.create_container(POD, guaranteed(cid, 1))
+
+
+async def test_requests_are_answered_while_the_snapshot_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A due snapshot's file is written by a thread: while its write is held,
+    the loop goes on deciding (each decision journaled before its answer), and
+    the records made meanwhile stay in the journal once the snapshot is in
+    place: a restart finds every decision. Fails with the write on the loop
+    (the held write never returns to the loop) or with the journal emptied
+    after the snapshot (the decisions made meanwhile are lost)."""
+    h = host(tmp_path)
+    h.synchronize([], [])
+    await h.statefile.written()
+    write = HeldWrite(monkeypatch)
+    due_snapshot(h, monkeypatch)
+    await write.started()
+    assert write.threads[0] is not threading.current_thread()
+    h.create_container(POD, guaranteed("e", 1))  # decided while the file is written
+    record = h.statefile.journal.last  # type: ignore[union-attr]
+    write.release.set()
+    await h.statefile.written()
+    assert journal_path(tmp_path).stat().st_size == record  # e's record alone
+    decided = {cid: c.resources.cpu.cpus for cid, c in h.containers.items()}  # type: ignore[union-attr]
+    again = host(tmp_path)
+    assert restored(again, *(guaranteed(c, 1) for c in "abcde")) == decided
+
+
+async def test_a_crash_between_the_snapshot_and_the_journal_cut_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot written in the background is in place, the journal not yet
+    cut (the process dies there): the restart reads the snapshot and skips the
+    journal's records it holds by their sequence numbers."""
+    h = host(tmp_path)
+    h.synchronize([], [])
+    await h.statefile.written()
+    write = HeldWrite(monkeypatch, before=False)
+    due_snapshot(h, monkeypatch)
+    await write.started()
+    h.create_container(POD, guaranteed("e", 1))
+    decided = {cid: c.resources.cpu.cpus for cid, c in h.containers.items()}  # type: ignore[union-attr]
+    again = host(tmp_path)  # what a restart now would read
+    assert restored(again, *(guaranteed(c, 1) for c in "abcde")) == decided
+    write.release.set()
+    await h.statefile.written()
+
+
+async def test_a_save_now_waits_for_the_snapshot_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At shutdown the snapshot is written at once, after the one in the
+    background: the files hold the last decision and the journal is empty."""
+    h = host(tmp_path)
+    h.synchronize([], [])
+    await h.statefile.written()
+    write = HeldWrite(monkeypatch)
+    due_snapshot(h, monkeypatch)
+    await write.started()
+    h.create_container(POD, guaranteed("e", 1))
+    threading.Timer(0.05, write.release.set).start()
+    h.shutdown()
+    assert journal_path(tmp_path).stat().st_size == 0
+    saved = msgspec.json.decode((tmp_path / "state/pinner.state.json").read_bytes())
+    assert set(saved["containers"]) == set("abcde")
 
 
 def annotated(cid: str, size: int) -> Container:
@@ -201,6 +305,7 @@ async def test_a_record_leaving_no_room_for_another_is_compacted_after_its_reply
     assert 6_000 < size < 10_000  # journaled before the reply, below the limit itself
     assert msgspec.json.decode(snapshot.read_bytes())["seq"] == seq  # not in the reply path
     await asyncio.sleep(0)  # the next loop turn
+    await h.statefile.written()  # the file, written by a thread
     assert journal_path(tmp_path).stat().st_size == 0
     assert msgspec.json.decode(snapshot.read_bytes())["seq"] == seq + 1
     h.create_container(POD, guaranteed("b", 1))  # a small record: the delay again
@@ -217,10 +322,12 @@ async def test_a_record_leaving_no_room_for_another_is_compacted_after_its_reply
 async def test_the_journal_passes_compact_bytes_by_one_record_at_most(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Requests one at a time (each reply, then a loop turn), records of any
-    size in any order: the journal is never past COMPACT_BYTES by more than
-    the record that carried it there, so a restart replays at most that; and
-    the restart finds every decision."""
+    """Requests one at a time (each reply, then a loop turn, and the
+    snapshot's file write, a thread's, if one started), records of any size
+    in any order: the journal is never past COMPACT_BYTES by more than the
+    record that carried it there, so a restart replays at most that (and the
+    records that came while a snapshot was written); and the restart finds
+    every decision."""
     monkeypatch.setattr(statefile, "COMPACT_BYTES", 8_000)
     rng = random.Random(1414)
     h = host(tmp_path)
@@ -244,6 +351,7 @@ async def test_the_journal_passes_compact_bytes_by_one_record_at_most(
         assert size == journal.size
         assert size <= statefile.COMPACT_BYTES + journal.last, i
         await asyncio.sleep(0)  # the reply's loop turn
+        await h.statefile.written()
     decided = {cid: c.resources.cpu.cpus for cid, c in h.containers.items()}  # type: ignore[union-attr]
     assert 0 < journal_path(tmp_path).stat().st_size <= statefile.COMPACT_BYTES
     again = host(tmp_path)
@@ -537,3 +645,26 @@ def test_a_snapshot_holds_what_changed_after_the_last_record(tmp_path: Path) -> 
     assert loaded is not None
     assert loaded.containers["a"].state is ContainerState.RUNNING
     assert loaded.containers == h.cache.snapshot()[1]
+
+
+def test_drop_head_keeps_the_records_after_the_snapshot(tmp_path: Path) -> None:
+    """The records after the first ``covered`` bytes stay, in a new file; a
+    journal that cannot be rewritten (its temporary file's name taken by a
+    directory) stays whole, and goes on taking records."""
+    j = Journal(tmp_path / "x.journal")
+    for seq in (1, 2, 3):
+        assert j.append(Decision(seq=seq, containers={f"c{seq}": None}))
+    first = len(frame(msgspec.msgpack.encode(Decision(seq=1, containers={"c1": None}))))
+    j.drop_head(first)
+    assert [d.seq for d in Journal(j.path).replay()] == [2, 3]
+    assert j.size == j.path.stat().st_size
+    assert j.append(Decision(seq=4))
+    assert [d.seq for d in Journal(j.path).replay()] == [2, 3, 4]
+    (tmp_path / "x.journal.tmp").mkdir()
+    whole = j.path.read_bytes()
+    j.drop_head(first)
+    assert j.path.read_bytes() == whole
+    assert j.append(Decision(seq=5))
+    assert [d.seq for d in Journal(j.path).replay()] == [2, 3, 4, 5]
+    j.drop_head(j.size)
+    assert j.path.stat().st_size == 0
