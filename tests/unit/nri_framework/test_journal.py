@@ -184,6 +184,7 @@ class HeldWrite:
         real = statefile.replace_file
 
         def held(path: Path, data: bytes) -> None:
+            data = bytes(data)  # this snapshot's, whatever is encoded meanwhile
             self.threads.append(threading.current_thread())
             self.entered.set()
             if not before:
@@ -202,11 +203,21 @@ class HeldWrite:
         raise AssertionError("no snapshot was written")
 
 
-def due_snapshot(h: PolicyHost, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Records enough to make the snapshot due (it starts on the next turn)."""
+async def held_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: bool = True
+) -> tuple[PolicyHost, HeldWrite]:
+    """A host whose records of a-d made the snapshot due, its write held (see
+    :class:`HeldWrite`), and e decided while it is held."""
+    h = host(tmp_path)
+    h.synchronize([], [])
+    await h.statefile.written()
+    write = HeldWrite(monkeypatch, before)
     monkeypatch.setattr(statefile, "COMPACT_BYTES", 400)
     for cid in "abcd":
         h.create_container(POD, guaranteed(cid, 1))
+    await write.started()
+    h.create_container(POD, guaranteed("e", 1))
+    return h, write
 
 
 async def test_requests_are_answered_while_the_snapshot_is_written(
@@ -218,15 +229,9 @@ async def test_requests_are_answered_while_the_snapshot_is_written(
     place: a restart finds every decision. Fails with the write on the loop
     (the held write never returns to the loop) or with the journal emptied
     after the snapshot (the decisions made meanwhile are lost)."""
-    h = host(tmp_path)
-    h.synchronize([], [])
-    await h.statefile.written()
-    write = HeldWrite(monkeypatch)
-    due_snapshot(h, monkeypatch)
-    await write.started()
+    h, write = await held_snapshot(tmp_path, monkeypatch)
     assert write.threads[0] is not threading.current_thread()
-    h.create_container(POD, guaranteed("e", 1))  # decided while the file is written
-    record = h.statefile.journal.last  # type: ignore[union-attr]
+    record = h.statefile.journal.last  # type: ignore[union-attr]  # e's
     write.release.set()
     await h.statefile.written()
     assert journal_path(tmp_path).stat().st_size == record  # e's record alone
@@ -241,13 +246,7 @@ async def test_a_crash_between_the_snapshot_and_the_journal_cut_loses_nothing(
     """The snapshot written in the background is in place, the journal not yet
     cut (the process dies there): the restart reads the snapshot and skips the
     journal's records it holds by their sequence numbers."""
-    h = host(tmp_path)
-    h.synchronize([], [])
-    await h.statefile.written()
-    write = HeldWrite(monkeypatch, before=False)
-    due_snapshot(h, monkeypatch)
-    await write.started()
-    h.create_container(POD, guaranteed("e", 1))
+    h, write = await held_snapshot(tmp_path, monkeypatch, before=False)
     decided = {cid: c.resources.cpu.cpus for cid, c in h.containers.items()}  # type: ignore[union-attr]
     again = host(tmp_path)  # what a restart now would read
     assert restored(again, *(guaranteed(c, 1) for c in "abcde")) == decided
@@ -260,13 +259,7 @@ async def test_a_save_now_waits_for_the_snapshot_being_written(
 ) -> None:
     """At shutdown the snapshot is written at once, after the one in the
     background: the files hold the last decision and the journal is empty."""
-    h = host(tmp_path)
-    h.synchronize([], [])
-    await h.statefile.written()
-    write = HeldWrite(monkeypatch)
-    due_snapshot(h, monkeypatch)
-    await write.started()
-    h.create_container(POD, guaranteed("e", 1))
+    h, write = await held_snapshot(tmp_path, monkeypatch)
     threading.Timer(0.05, write.release.set).start()
     h.shutdown()
     assert journal_path(tmp_path).stat().st_size == 0
