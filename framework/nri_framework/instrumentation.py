@@ -73,6 +73,7 @@ import msgspec
 
 from nri_framework import __version__
 from nri_framework.contract import MetricFamily
+from nri_framework.eventloop import running_loop
 from nri_framework.nri.versions import synchronizes_prelaunched
 from nri_framework.startup import journal_obstacle
 
@@ -371,9 +372,8 @@ class Instrumentation:
                     self.override,
                 )
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # a host driven without an event loop: nothing to serve on
+        loop = running_loop()
+        if loop is None:  # a host driven without an event loop: nothing to serve on
             return
         if self._moving is None or self._moving.done():
             self._moving = loop.create_task(self._follow())

@@ -18,6 +18,8 @@ import sys
 import time
 from typing import TextIO
 
+from nri_framework.eventloop import running_loop
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # Record attributes that need logging to walk the caller's frames (``_srcfile``).
@@ -79,9 +81,8 @@ class TurnHandler(logging.StreamHandler[TextIO]):
         if record.levelno >= logging.WARNING or len(held) >= self.limit:
             self.flush()
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = running_loop()
+        if loop is None:
             self.flush()
             return
         if self._pending is not loop:

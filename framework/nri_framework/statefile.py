@@ -58,6 +58,7 @@ import msgspec
 from nri_sst.retry import Reporter
 
 from nri_framework.cache import Cache
+from nri_framework.eventloop import running_loop
 from nri_framework.journal import COMPACT_BYTES, Decision, Journal, StateChanges, merge_parts
 from nri_framework.model import Container, Pod
 
@@ -367,9 +368,8 @@ class StateFile:
         if self.state_dir is None:
             return
         self._scheduled = save
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = running_loop()
+        if loop is None:
             save()
             return
         self._last_change = loop.time()
@@ -426,7 +426,7 @@ class StateFile:
         path = self.path
         if path is None:
             return
-        loop = _running_loop() if background else None
+        loop = running_loop() if background else None
         if self._writing is not None:
             if loop is not None:
                 self._again = True  # once the file being written is in place
@@ -527,13 +527,6 @@ class StateFile:
             self._writer = None
         if self.journal is not None:
             self.journal.close()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:

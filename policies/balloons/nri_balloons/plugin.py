@@ -19,6 +19,7 @@ from nri_framework import cpuset
 from nri_framework.cmdline import typed_options
 from nri_framework.configfile import ConfigFileError, read_config_file
 from nri_framework.contract import Peer
+from nri_framework.eventloop import running_loop
 from nri_framework.hookspecs import PolicyError, hookimpl
 from nri_framework.host import PolicyHost
 from nri_framework.journal import StateChanges
@@ -168,7 +169,7 @@ class Balloons:
         request. ``reconfigures``: stop the background."""
         if reconfigures:
             self._stop_background()
-        if _running_loop() is None:
+        if running_loop() is None:
             return Wait(timeout=CONFIG_TIMEOUT)
         # never more than the host allows of the runtime's request timeout
         budget = REPLY_BUDGET if self.host is None else self.host.reply_budget(REPLY_BUDGET)
@@ -181,7 +182,7 @@ class Balloons:
         placement lines are logged first, committed or not."""
         if self.policy is not None:
             self.policy.cpu_classes.pct.log_placed()
-        if self.sst_missed and self.rediscovery is None and _running_loop() is not None:
+        if self.sst_missed and self.rediscovery is None and running_loop() is not None:
             self.rediscovery = asyncio.get_running_loop().create_task(self._rediscover())
         if self.policy is None or self.background is not None:
             return
@@ -193,7 +194,7 @@ class Balloons:
     def _end_commit(self, ok: bool) -> None:
         assert self.policy is not None
         self.report_late_denied_claims()
-        loop = _running_loop()
+        loop = running_loop()
         if loop is None:
             return
         if self.probe is None and self.policy.cpu_classes.pct.wanted_mode:
@@ -560,7 +561,7 @@ class Balloons:
         self._start_pod_resources()
 
     def _start_pod_resources(self) -> None:
-        if self.podres is not None and _running_loop() is not None:
+        if self.podres is not None and running_loop() is not None:
             self.podres.start()
 
     def _pod_resources_arrived(self, namespace: str, pod: str) -> None:
@@ -889,13 +890,6 @@ def _has_pin(container: Container, cpus: str, mems: str) -> bool:
     pin sets them) already."""
     cpu = container.resources.cpu if container.resources else None
     return cpu is not None and cpu.cpus == cpus and (not mems or cpu.mems == mems)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def plugin() -> Balloons:
