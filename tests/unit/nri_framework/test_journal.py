@@ -240,6 +240,26 @@ async def test_requests_are_answered_while_the_snapshot_is_written(
     assert restored(again, *(guaranteed(c, 1) for c in "abcde")) == decided
 
 
+async def test_a_snapshot_asked_for_during_a_write_follows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """e's record, made while the snapshot's file is held, asks for another
+    snapshot (the journal is past the limit then): it is not dropped but
+    comes once the write ended, so the quiet node's journal ends up empty.
+    Fails without the save that was put off."""
+    monkeypatch.setattr(statefile, "SAVE_DELAY", 0.05)
+    h, write = await held_snapshot(tmp_path, monkeypatch)
+    write.release.set()
+    await h.statefile.written()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while journal_path(tmp_path).stat().st_size:  # cut once the snapshot is in place
+        assert loop.time() < deadline, "the snapshot asked for during the write never came"
+        await asyncio.sleep(0.01)
+    saved = msgspec.json.decode((tmp_path / "state/pinner.state.json").read_bytes())
+    assert set(saved["containers"]) == set("abcde")
+
+
 async def test_a_crash_between_the_snapshot_and_the_journal_cut_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
