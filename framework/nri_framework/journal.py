@@ -57,6 +57,7 @@ from typing import Any
 
 import msgspec
 
+from nri_framework.atomicfile import replace_file
 from nri_framework.model import Container, Pod
 
 log = logging.getLogger("nri_framework.journal")
@@ -264,19 +265,14 @@ class Journal:
             self.reset()
             return
         rest = self.size - covered
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             with open(self.path, "rb") as f:
                 f.seek(covered)
                 tail = f.read(rest)
             if len(tail) != rest:
                 raise OSError(f"{len(tail)} of the {rest} bytes after offset {covered}")
-            with open(tmp, "wb") as f:
-                f.write(tail)
-            os.replace(tmp, self.path)
+            replace_file(self.path, tail)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             log.error("cannot cut the journal %s at offset %d: %s", self.path, covered, exc)
             return
         self.close()  # the next append opens the new file

@@ -49,7 +49,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from typing import Any
 import msgspec
 from nri_sst.retry import Reporter
 
+from nri_framework.atomicfile import replace_file
 from nri_framework.cache import Cache
 from nri_framework.eventloop import running_loop
 from nri_framework.journal import COMPACT_BYTES, Decision, Journal, StateChanges, merge_parts
@@ -190,23 +190,6 @@ def _encode_into(
         else:
             raw[key] = msgspec.Raw(_encoder.encode(value))
     changed.clear()
-
-
-def replace_file(path: Path, data: bytes | bytearray) -> None:
-    """``data`` as the file ``path`` (its directory made), atomically: written
-    to ``path`` with the suffix ``.tmp``, renamed over it (a crash leaves the
-    old file or the new one, never a part). Raises ``OSError``; the temporary
-    file does not stay."""
-    tmp = path.with_suffix(".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 class StateFile:

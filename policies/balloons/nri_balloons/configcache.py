@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 
 import msgspec
+from nri_framework.atomicfile import replace_file
 from nri_framework.configfile import MAX_CONFIG_BYTES
-from nri_framework.statefile import replace_file
 
 from nri_balloons.config import BalloonsPolicy
 from nri_balloons.configdecode import decode_policy
@@ -73,7 +73,7 @@ def cached_document(state_dir: Path | None, policy: str, text: str) -> object | 
 
 def keep(state_dir: Path | None, policy: str, text: str, document: object) -> bool:
     """Keep ``text`` and the ``document`` it parsed to (written atomically:
-    :func:`~nri_framework.statefile.replace_file`) when JSON holds the document
+    :func:`~nri_framework.atomicfile.replace_file`) when JSON holds the document
     as it is; the old cache goes either way. False when nothing was kept."""
     if state_dir is None:
         return False

@@ -673,10 +673,11 @@ def test_drop_head_keeps_the_records_after_the_snapshot(tmp_path: Path) -> None:
     assert j.size == j.path.stat().st_size
     assert j.append(Decision(seq=4))
     assert [d.seq for d in Journal(j.path).replay()] == [2, 3, 4]
-    (tmp_path / "x.journal.tmp").mkdir()
+    (tmp_path / "x.tmp").mkdir()  # replace_file's temporary name
     whole = j.path.read_bytes()
     j.drop_head(first)
     assert j.path.read_bytes() == whole
+    assert j.size == len(whole)  # what the next compaction is decided on
     assert j.append(Decision(seq=5))
     assert [d.seq for d in Journal(j.path).replay()] == [2, 3, 4, 5]
     j.drop_head(j.size)
